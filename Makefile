@@ -1,0 +1,43 @@
+# The targets CI runs are the ones a newcomer runs: `make demo` and `make test` set up what is missing first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PACKAGES := msgbusd client twin_resolver spark
+
+.PHONY: setup system-packages venv lint format test test-fast demo clean
+
+setup: system-packages venv
+
+system-packages:
+	@sh scripts/ensure-system-packages.sh
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "msgbus needs Python >= 3.11; set PYTHON=python3.11 (or newer)")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check $(PACKAGES) tests
+	$(BIN)/ruff format --check $(PACKAGES) tests
+	$(BIN)/mypy
+
+format: venv
+	$(BIN)/ruff format $(PACKAGES) tests
+	$(BIN)/ruff check --fix $(PACKAGES) tests
+
+test: setup lint
+	$(BIN)/pytest
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow"
+
+demo: setup
+	$(BIN)/msgbus demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,236 @@
+"""The ``msgbus`` command: send requests, wait for replies, serve a command with a program, show an identity.
+
+Exit status: 0 success; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis unreachable or an
+undecodable reply; 4 a missing optional dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Annotated, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from client.errors import CallTimeout, ProtocolError
+from client.protocol import DEFAULT_REDIS_URL, DEFAULT_RETRIES
+from client.replies import Reply
+from client.serve_exec import exec_handler
+from client.service import Service
+from client.sync import Client
+
+EXIT_REPLY_ERROR = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 2
+EXIT_REDIS = 3
+EXIT_MISSING_DEP = 4
+
+app = typer.Typer(
+    name="msgbus",
+    help="Talk to the message bus through the local site's Redis.\n\n"
+    "Exit status: 0 ok; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis unreachable or an "
+    "undecodable reply.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+RedisOption = Annotated[
+    str, typer.Option("--redis", metavar="URL", envvar="MSGBUS_REDIS", help="Redis URL of the local site.")
+]
+TimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        min=0,
+        metavar="SECONDS",
+        help="Seconds to wait for replies [default: the request's lifetime].",
+    ),
+]
+
+
+class KeyType(StrEnum):
+    """Signature schemes a site identity can use."""
+
+    sr25519 = "sr25519"
+    ed25519 = "ed25519"
+
+
+@app.command()
+def send(
+    dst: Annotated[
+        list[int], typer.Option("--dst", min=1, metavar="TWIN", help="Destination twin (repeatable).")
+    ],
+    cmd: Annotated[str, typer.Option("--cmd", metavar="CMD", help="Command to call on the twins.")],
+    data: Annotated[
+        str | None, typer.Option("--data", metavar="TEXT", help="Payload [default: stdin].")
+    ] = None,
+    exp: Annotated[
+        int, typer.Option("--exp", min=0, metavar="SECONDS", help="Request lifetime (0: 3600).")
+    ] = 0,
+    retries: Annotated[
+        int, typer.Option("--try", min=0, metavar="N", help="Delivery retries.")
+    ] = DEFAULT_RETRIES,
+    timeout: TimeoutOption = None,
+    redis_url: RedisOption = DEFAULT_REDIS_URL,
+) -> None:
+    """Call CMD on each --dst twin and print one JSON line per reply, in the order of --dst."""
+    if data is None and sys.stdin.isatty():
+        typer.echo("reading the payload from stdin (end it with Ctrl-D)", err=True)
+    payload = data.encode() if data is not None else sys.stdin.buffer.read()
+    with _client(redis_url) as client:
+        _print_replies(lambda: client.call(dst, cmd, payload, exp=exp, retries=retries, timeout=timeout))
+
+
+@app.command()
+def wait(
+    ret: Annotated[str, typer.Argument(metavar="RET", help="Return queue of the request.")],
+    count: Annotated[int, typer.Option("--count", min=1, metavar="N", help="Replies to wait for.")] = 1,
+    timeout: TimeoutOption = None,
+    redis_url: RedisOption = DEFAULT_REDIS_URL,
+) -> None:
+    """Pop COUNT replies from the return queue RET and print one JSON line per reply, in arrival order."""
+    with _client(redis_url) as client:
+        _print_replies(lambda: client.wait(ret, count, timeout=timeout))
+
+
+@app.command()
+def serve(
+    cmd: Annotated[str, typer.Argument(metavar="CMD", help="Command to serve (from the list msgbus.CMD).")],
+    program: Annotated[str, typer.Option("--exec", metavar="PROGRAM", help="Program run per request.")],
+    workers: Annotated[int, typer.Option("--workers", min=1, metavar="N", help="Concurrent requests.")] = 1,
+    burst: Annotated[bool, typer.Option("--burst", help="Exit once the queue is empty.")] = False,
+    redis_url: RedisOption = DEFAULT_REDIS_URL,
+) -> None:
+    """Serve CMD: run PROGRAM (shell-like split, no shell) per request, payload on stdin.
+
+    Its stdout is the reply; a non-zero exit replies with its stderr as the error.
+    """
+    try:
+        handler = exec_handler(shlex.split(program))
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(f"--exec: {exc}", EXIT_USAGE)
+    with _client(redis_url) as client:
+        client.ping()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = Service(redis_url, workers=workers)
+    service.register(cmd, handler)
+    with _redis_errors(redis_url):
+        service.run(burst=burst)
+
+
+@app.command()
+def identity(
+    mnemonics: Annotated[
+        str | None,
+        typer.Option(
+            "--mnemonics", metavar="TEXT", envvar="MSGBUS_MNEMONICS", help="Secret phrase, SURI or 0x seed."
+        ),
+    ] = None,
+    key_type: Annotated[KeyType, typer.Option("--key-type", help="Signature scheme.")] = KeyType.sr25519,
+    new: Annotated[bool, typer.Option("--new", help="Make a new mnemonic (printed too).")] = False,
+) -> None:
+    """Print the public key (hex) and SS58 address of a site identity."""
+    try:
+        from msgbusd import identity as ident
+    except ImportError as exc:
+        _fail(f"identity needs the daemon extra (pip install 'msgbus[daemon]'): {exc}", EXIT_MISSING_DEP)
+    if new and mnemonics:
+        _fail("give either --new or --mnemonics, not both", EXIT_USAGE)
+    if new:
+        mnemonics = ident.new_mnemonic()
+        typer.echo(f"mnemonic:   {mnemonics}")
+    if not mnemonics:
+        _fail("give --mnemonics (or set MSGBUS_MNEMONICS), or --new", EXIT_USAGE)
+    try:
+        signer = ident.load_signer(mnemonics, key_type.value)
+    except ident.IdentityError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    typer.echo(f"key type:   {key_type.value}")
+    typer.echo(f"public key: {signer.public_key.hex()}")
+    typer.echo(f"address:    {ident.ss58_encode(signer.public_key)}")
+
+
+@app.command()
+def demo() -> None:
+    """Start two local sites, serve an echo command and show requests, errors and the proxy flow."""
+    try:
+        from client.demo import run_demo
+    except ImportError as exc:
+        _fail(f"the demo needs the daemon: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
+    try:
+        run_demo(typer.echo)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; everything the demo started has been stopped", err=True)
+        raise typer.Exit(130) from None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``msgbus`` console script."""
+    app(args=None if argv is None else list(argv), prog_name="msgbus")
+
+
+def _print_replies(fetch: Callable[[], list[Reply]]) -> None:
+    try:
+        replies = fetch()
+    except CallTimeout as exc:
+        _echo_replies(exc.replies)
+        late = exc.expected - len(exc.replies)
+        _fail(f"{exc}; fetch late replies with: msgbus wait {exc.ret} --count {late}", EXIT_TIMEOUT)
+    except ProtocolError as exc:
+        _fail(f"undecodable reply: {exc}", EXIT_REDIS)
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc), EXIT_USAGE)
+    _echo_replies(replies)
+    if any(reply.error for reply in replies):
+        raise typer.Exit(EXIT_REPLY_ERROR)
+
+
+def _echo_replies(replies: Sequence[Reply]) -> None:
+    for reply in replies:
+        typer.echo(json.dumps(reply.to_dict(), ensure_ascii=False))
+
+
+@contextmanager
+def _client(redis_url: str) -> Iterator[Client]:
+    try:
+        client = Client(redis_url)
+    except ValueError as exc:
+        _fail(f"invalid Redis URL {_redact(redis_url)!r}: {exc}", EXIT_USAGE)
+    with client, _redis_errors(redis_url):
+        yield client
+
+
+@contextmanager
+def _redis_errors(redis_url: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        _fail(f"cannot connect to Redis at {_redact(redis_url)}: {exc}", EXIT_REDIS)
+    except RedisError as exc:
+        _fail(f"Redis error at {_redact(redis_url)}: {exc}", EXIT_REDIS)
+
+
+def _redact(url: str) -> str:
+    """The URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)

@@ -1,0 +1,3 @@
+from msgbusd.cli import main
+
+main()

@@ -1,0 +1,111 @@
+"""``msgbusd``: parse go-rmb's flags (and ours) into :class:`Settings`, then run the site."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from msgbusd.settings import DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
+
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+    "panic": logging.CRITICAL,
+}
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` with ``[v6]:PORT`` for IPv6; ``[::]:8051`` listens on every IPv4 and IPv6 address."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise typer.BadParameter(f"{value!r} is not HOST:PORT (for IPv6: [ADDR]:PORT)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise typer.BadParameter(f"{value!r}: write an IPv6 address in brackets, e.g. [::]:8051")
+    return host or "::", int(port_text)
+
+
+@app.command()
+def main_command(
+    mnemonics: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MSGBUS_MNEMONICS",
+            show_envvar=True,
+            help="The site's secret: BIP39 phrase, SURI with //hard junctions, or 0x seed.",
+        ),
+    ] = None,
+    key_type: Annotated[str, typer.Option(help="sr25519 or ed25519.")] = "sr25519",
+    twin: Annotated[
+        int | None, typer.Option(help="This site's twin id; looked up from the key when omitted.")
+    ] = None,
+    substrate: Annotated[
+        str, typer.Option(help="TFChain endpoint used to resolve twins.")
+    ] = DEFAULT_SUBSTRATE_URL,
+    twins: Annotated[
+        Path | None, typer.Option(help="Static twin map (JSON); used instead of the chain.")
+    ] = None,
+    redis: Annotated[str, typer.Option(help="The site's Redis.")] = DEFAULT_REDIS_URL,
+    listen: Annotated[str, typer.Option(help="HTTP address for other sites.")] = "[::]:8051",
+    workers: Annotated[int, typer.Option(min=1, help="Items handled at once per queue.")] = 1000,
+    log_level: Annotated[str, typer.Option(help="debug|info|warn|error|fatal|panic.")] = "info",
+    send_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a POST to a peer may take.")] = 10.0,
+    retry_delay: Annotated[
+        float,
+        typer.Option(min=0.0, help="Seconds before the first re-send of a failed message (then doubling)."),
+    ] = 5.0,
+    retry_max_delay: Annotated[float, typer.Option(min=0.0, help="Longest delay between re-sends.")] = 60.0,
+    drain_grace: Annotated[
+        float, typer.Option(min=0.0, help="Seconds in-flight work gets on SIGTERM.")
+    ] = 10.0,
+) -> None:
+    """Run a msgbus site: relay RMB messages between this site's Redis and other sites over HTTP."""
+    level = LOG_LEVELS.get(log_level.lower())
+    if level is None:
+        raise typer.BadParameter(f"unknown log level {log_level!r}: use {', '.join(LOG_LEVELS)}")
+    if not mnemonics:
+        raise typer.BadParameter("missing --mnemonics (or the MSGBUS_MNEMONICS environment variable)")
+    host, port = parse_listen(listen)
+    settings = Settings(
+        mnemonics=mnemonics,
+        key_type=key_type,
+        twin=twin,
+        substrate_url=substrate,
+        twins_file=twins,
+        redis_url=redis,
+        listen_host=host,
+        listen_port=port,
+        workers=workers,
+        log_level=log_level,
+        send_timeout_s=send_timeout,
+        retry_delay_s=retry_delay,
+        retry_max_delay_s=retry_max_delay,
+        drain_grace_s=drain_grace,
+    )
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # Libraries log every request at INFO/DEBUG; msgbusd logs what matters itself.
+    for noisy in ("httpx", "httpcore", "redis", "asyncio", "uvicorn"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    from msgbusd.runner import run
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(settings))
+
+
+def main() -> None:
+    app(prog_name="msgbusd")

@@ -1,0 +1,310 @@
+"""The site daemon: one consumer per system queue, the retry and expiry timers, and the HTTP door.
+
+Shutdown: the first SIGTERM/SIGINT stops popping and closing the door, gives in-flight items
+``drain_grace_s`` to finish, and leaves the rest in the processing lists for the next start; a second
+signal stops at once. Nothing is lost either way: unfinished items are still in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+import uvicorn
+from redis.exceptions import RedisError
+
+from msgbusd import keys
+from msgbusd.backoff import Backoff
+from msgbusd.forwarder import Forwarder
+from msgbusd.handlers import Handlers
+from msgbusd.http_api import Door, create_app
+from msgbusd.outbox import Outbox
+from msgbusd.queues import Store
+from msgbusd.settings import Settings
+from msgbusd.signing import Signer
+from twin_resolver.base import Resolver
+
+log = logging.getLogger("msgbusd")
+
+RECONNECT_BACKOFF = Backoff(base_s=0.1, max_s=5.0)
+
+
+class StartupError(Exception):
+    """A reason the daemon cannot start, worded for the operator (one line)."""
+
+
+@dataclass
+class Site:
+    """Everything a running daemon holds, built by :func:`open_site`."""
+
+    settings: Settings
+    twin: int
+    redis: aioredis.Redis
+    http: httpx.AsyncClient
+    store: Store
+    handlers: Handlers
+    outbox: Outbox
+    door: Door
+
+
+def open_redis(settings: Settings) -> aioredis.Redis:
+    return aioredis.Redis.from_url(
+        settings.redis_url,
+        socket_timeout=settings.redis_socket_timeout_s,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+    )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket up front so a port in use is a clear start-up error. ``::`` is dual-stack."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        raise StartupError(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon owns signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Daemon:
+    def __init__(self, site: Site, sock: socket.socket) -> None:
+        self.site = site
+        self._sock = sock
+        self._stopping = asyncio.Event()
+        self._abort = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._server: _Server | None = None
+        self.ready = asyncio.Event()
+
+    def stop(self) -> None:
+        """First call drains; a second aborts."""
+        if self._stopping.is_set():
+            log.warning("second stop signal: aborting; unfinished items stay queued for the next start")
+            self._abort.set()
+        else:
+            log.info("stopping: draining in-flight work (up to %.0fs)", self.site.settings.drain_grace_s)
+            self._stopping.set()
+        if self._server is not None:
+            self._server.should_exit = True
+
+    async def run(self) -> None:
+        settings = self.site.settings
+        for queue in keys.SYSTEM_QUEUES:
+            recovered = await self.site.store.recover(queue)
+            if recovered:
+                log.warning("recovered %d unfinished item(s) of %s from the previous run", recovered, queue)
+        config = uvicorn.Config(
+            create_app(self.site.door),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=max(1, int(settings.drain_grace_s)),
+        )
+        self._server = _Server(config)
+        handlers = self.site.handlers
+        consumers: dict[str, Callable[[bytes], Awaitable[None]]] = {
+            keys.LOCAL: handlers.local,
+            keys.REMOTE: handlers.remote,
+            keys.REPLY: handlers.reply,
+        }
+        async with asyncio.TaskGroup() as group:
+            for queue, handle in consumers.items():
+                group.create_task(self._consume(queue, handle), name=f"consume {queue}")
+            group.create_task(self._timers(), name="timers")
+            group.create_task(self._server.serve(sockets=[self._sock]), name="http")
+            group.create_task(self._announce_ready(), name="ready")
+            await self._stopping.wait()
+        await self._drain()
+
+    async def _announce_ready(self) -> None:
+        while self._server is not None and not self._server.started:
+            if self._stopping.is_set():
+                return
+            await asyncio.sleep(0.01)
+        log.info(
+            "msgbusd ready: twin %s, listening on %s:%s, redis %s",
+            self.site.twin,
+            self.site.settings.listen_host,
+            self.site.settings.listen_port,
+            _redacted(self.site.settings.redis_url),
+        )
+        self.ready.set()
+
+    async def _drain(self) -> None:
+        pending = {t for t in self._inflight if not t.done()}
+        if pending:
+            log.info("waiting for %d in-flight item(s)", len(pending))
+            all_done = asyncio.ensure_future(asyncio.wait(pending))
+            abort = asyncio.ensure_future(self._abort.wait())
+            await asyncio.wait(
+                [all_done, abort],
+                timeout=self.site.settings.drain_grace_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            all_done.cancel()
+            abort.cancel()
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        # Items whose hand-off did not complete go back to the head of their queues right away.
+        for queue in keys.SYSTEM_QUEUES:
+            with contextlib.suppress(RedisError):
+                await self.site.store.recover(queue)
+
+    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.create_task(self._guarded(work, what))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _guarded(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        try:
+            await work
+        except RedisError as exc:
+            log.error("%s: redis failed (%s); the item stays queued for a later attempt", what, exc)
+        except Exception:
+            log.exception("%s: unexpected failure; the item stays queued", what)
+
+    async def _consume(self, queue: str, handle: Callable[[bytes], Awaitable[None]]) -> None:
+        settings = self.site.settings
+        slots = asyncio.Semaphore(settings.workers)
+        failures = 0
+        while not self._stopping.is_set():
+            await slots.acquire()
+            try:
+                raw = await self.site.store.pop(queue, settings.pop_block_s)
+            except (RedisError, OSError) as exc:
+                slots.release()
+                failures += 1
+                delay = RECONNECT_BACKOFF.delay_s(failures)
+                log.error("cannot pop %s: %s; retrying in %.1fs", queue, exc, delay)
+                await self._sleep_unless_stopping(delay)
+                continue
+            failures = 0
+            if raw is None:
+                slots.release()
+                continue
+            self._spawn(self._handle(handle, raw, slots), f"item from {queue}")
+
+    @staticmethod
+    async def _handle(
+        handle: Callable[[bytes], Awaitable[None]], raw: bytes, slots: asyncio.Semaphore
+    ) -> None:
+        try:
+            await handle(raw)
+        finally:
+            slots.release()
+
+    async def _timers(self) -> None:
+        outbox = self.site.outbox
+        tick_s = self.site.settings.tick_s
+        while not self._stopping.is_set():
+            try:
+                await outbox.run_due(lambda work: self._spawn(work, "scheduled send"))
+                await outbox.expire_due()
+            except (RedisError, OSError) as exc:
+                log.error("retry/expiry timer: redis failed (%s)", exc)
+            await self._sleep_unless_stopping(tick_s)
+
+    async def _sleep_unless_stopping(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), delay_s)
+
+
+def _redacted(url: str) -> str:
+    head, sep, tail = url.rpartition("@")
+    if not sep:
+        return url
+    scheme, _, _credentials = head.partition("://")
+    return f"{scheme}://***@{tail}"
+
+
+async def open_site(
+    settings: Settings, signer: Signer, resolver: Resolver, clock: Callable[[], float] = time.time
+) -> Site:
+    """Connect to Redis, find our twin id, and wire the parts together."""
+    redis = open_redis(settings)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        await redis.aclose()
+        raise StartupError(f"cannot connect to Redis at {_redacted(settings.redis_url)}: {exc}") from exc
+    twin = settings.twin
+    if twin is None:
+        from msgbusd.identity import ss58_encode
+        from twin_resolver.base import ResolverError
+
+        try:
+            twin = await resolver.twin_id_by_public_key(signer.public_key)
+        except ResolverError as exc:
+            await redis.aclose()
+            raise StartupError(
+                f"no twin found for this key ({ss58_encode(signer.public_key)}): {exc}; pass --twin N"
+            ) from exc
+    http = httpx.AsyncClient(
+        timeout=settings.send_timeout_s,
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60),
+        trust_env=False,
+    )
+    store = Store(redis)
+    backoff = Backoff(settings.retry_delay_s, settings.retry_max_delay_s)
+    forwarder = Forwarder(http, resolver, signer, clock)
+    outbox = Outbox(
+        store, forwarder, twin, send_timeout_s=settings.send_timeout_s, backoff=backoff, clock=clock
+    )
+    handlers = Handlers(store, outbox, twin, clock)
+    door = Door(store, resolver, signer, settings.freshness_s, clock)
+    return Site(settings, twin, redis, http, store, handlers, outbox, door)
+
+
+async def close_site(site: Site) -> None:
+    await site.http.aclose()
+    await site.redis.aclose()
+
+
+async def serve(settings: Settings, signer: Signer, resolver: Resolver) -> None:
+    """Run a site until stopped by a signal. Raises :class:`StartupError` for operator mistakes."""
+    sock = bind_socket(settings.listen_host, settings.listen_port)
+    try:
+        site = await open_site(settings, signer, resolver)
+    except BaseException:
+        sock.close()
+        raise
+    daemon = Daemon(site, sock)
+    loop = asyncio.get_running_loop()
+    if settings.handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, daemon.stop)
+    try:
+        await daemon.run()
+    finally:
+        if settings.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        sock.close()
+        await close_site(site)
+        log.info("msgbusd stopped")

@@ -1,0 +1,161 @@
+"""The RMB envelope: one immutable value and its JSON wire form.
+
+Standard library only and no I/O, so that the client library, the daemon and tools share it.
+Wire rules (see the RMB contract): encoding always writes the 14 keys in a fixed order; decoding matches key
+names case-insensitively, ignores unknown keys, gives a missing (or null) key its zero value and rejects a
+wrongly typed value with :class:`EnvelopeDecodeError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+# Wire key -> (attribute, expected kind). Order is the wire order.
+_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("ver", "ver", "int"),
+    ("uid", "uid", "str"),
+    ("cmd", "cmd", "str"),
+    ("exp", "exp", "int"),
+    ("try", "retries", "int"),
+    ("dat", "dat", "str"),
+    ("src", "src", "int"),
+    ("dst", "dst", "ints"),
+    ("ret", "ret", "str"),
+    ("shm", "shm", "str"),
+    ("now", "now", "int"),
+    ("pxy", "pxy", "bool"),
+    ("err", "err", "str"),
+    ("sig", "sig", "str"),
+)
+_BY_LOWER_KEY = {key: (attr, kind) for key, attr, kind in _FIELDS}
+_ZERO: dict[str, Any] = {"int": 0, "str": "", "ints": (), "bool": False}
+# A key missing on the wire takes its zero value (so a message without "ver" has version 0).
+_ZERO_VALUES: dict[str, Any] = {attr: _ZERO[kind] for _key, attr, kind in _FIELDS}
+
+
+class EnvelopeDecodeError(ValueError):
+    """Bytes that are not an envelope. Keeps the raw input so it can be dead-lettered as received."""
+
+    def __init__(self, reason: str, raw: bytes) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One RMB message. Field names follow the wire keys, except ``retries`` for the wire key ``try``."""
+
+    ver: int = PROTOCOL_VERSION
+    uid: str = ""
+    cmd: str = ""
+    exp: int = 0
+    retries: int = 0
+    dat: str = ""
+    src: int = 0
+    dst: tuple[int, ...] = ()
+    ret: str = ""
+    shm: str = ""
+    now: int = 0
+    pxy: bool = False
+    err: str = ""
+    sig: str = ""
+
+    def replace(self, **changes: Any) -> Envelope:
+        """A copy with some fields changed (``dst`` may be given as any iterable of ints)."""
+        if "dst" in changes:
+            changes["dst"] = tuple(changes["dst"])
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def payload(self) -> bytes:
+        """``dat`` decoded from base64 (raises ``binascii.Error`` if it is not base64)."""
+        return base64.b64decode(self.dat, validate=True)
+
+    def with_payload(self, data: bytes) -> Envelope:
+        return self.replace(dat=encode_payload(data))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The wire object: all 14 keys, in wire order."""
+        out: dict[str, Any] = {}
+        for key, attr, _kind in _FIELDS:
+            value = getattr(self, attr)
+            out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_wire(), separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def from_wire(cls, obj: Any, raw: bytes = b"") -> Envelope:
+        """Build an envelope from a decoded JSON value, with the wire's decoding rules."""
+        if not isinstance(obj, dict):
+            raise EnvelopeDecodeError(f"expected a JSON object, got {_json_kind(obj)}", raw)
+        values: dict[str, Any] = dict(_ZERO_VALUES)
+        for key, value in obj.items():
+            field = _BY_LOWER_KEY.get(key.lower()) if isinstance(key, str) else None
+            if field is None:
+                continue
+            attr, kind = field
+            values[attr] = _ZERO[kind] if value is None else _check(key, kind, value, raw)
+        return cls(**values)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Envelope:
+        data = raw.encode() if isinstance(raw, str) else raw
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise EnvelopeDecodeError(f"invalid JSON: {exc}", data) from exc
+        return cls.from_wire(obj, data)
+
+
+def encode_payload(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def decode_payload(dat: str) -> bytes:
+    """Decode a ``dat`` field; raises ``ValueError`` when it is not standard base64."""
+    try:
+        return base64.b64decode(dat, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"dat is not base64: {exc}") from exc
+
+
+def _check(key: str, kind: str, value: Any, raw: bytes) -> Any:
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind == "str":
+        if isinstance(value, str):
+            return value
+    elif kind == "bool":
+        if isinstance(value, bool):
+            return value
+    elif kind == "ints" and isinstance(value, list):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+        raise EnvelopeDecodeError(f"field {key!r}: expected a list of integers", raw)
+    expected = {"int": "an integer", "str": "a string", "bool": "a boolean", "ints": "a list of integers"}
+    raise EnvelopeDecodeError(f"field {key!r}: expected {expected[kind]}, got {_json_kind(value)}", raw)
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null"

@@ -1,0 +1,96 @@
+"""msgbusd's exceptions and the RMB ``err`` and HTTP error texts, made in one place.
+
+    MsgbusError
+    ├── InvalidMessage         a message fails validation (reason is one of the contract's texts)
+    ├── DeliveryError          a send to a peer failed; ``retryable`` tells whether trying again can help
+    └── RejectedRequest        the HTTP door refuses a message (status + Message)
+
+The wire texts must stay byte-identical to go-rmb's, since clients match on them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# Validation reasons (go-rmb texts).
+VERSION_MISMATCH = "protocol version mismatch"
+MISSING_COMMAND = "missing command request"
+MISSING_DESTINATION = "missing twin destination"
+MISSING_RETURN_QUEUE = "return queue not defined"
+
+
+class MsgbusError(Exception):
+    """Base of every error msgbusd raises on purpose."""
+
+
+class InvalidMessage(MsgbusError):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    @property
+    def wire_text(self) -> str:
+        return invalid_message_text(self.reason)
+
+
+class DeliveryError(MsgbusError):
+    """A POST to a peer did not get HTTP 200. ``cause`` is what the caller eventually reads."""
+
+    def __init__(self, cause: str, *, retryable: bool = True) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class RejectedRequest(MsgbusError):
+    """An HTTP request refused at the door, answered with ``status`` and go-rmb's error body."""
+
+    status: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.message}"
+
+
+def invalid_message_text(reason: str) -> str:
+    return f"received invalid message: {reason}"
+
+
+def all_retries_done_text(cause: str) -> str:
+    return f"all retries done: {cause}"
+
+
+def expired_text(exp_s: int) -> str:
+    return f"request timeout (expiration reached, {exp_s})"
+
+
+def http_error_body(message: str) -> bytes:
+    """The body go-rmb answers errors with (capitalised keys)."""
+    return json.dumps({"Status": "error", "Message": message}).encode()
+
+
+def go_duration(seconds: float) -> str:
+    """Format a duration the way Go's ``time.Duration.String`` does, e.g. ``1m5.25s`` or ``2h0m0s``."""
+    if seconds == 0:
+        return "0s"
+    sign = "-" if seconds < 0 else ""
+    total_ns = round(abs(seconds) * 1e9)
+    if total_ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if total_ns >= size:
+                return sign + _trim(total_ns / size) + unit
+    hours, rest = divmod(total_ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    secs = _trim(rest / 1e9)
+    if hours:
+        return f"{sign}{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{sign}{minutes}m{secs}s"
+    return f"{sign}{secs}s"
+
+
+def _trim(value: float) -> str:
+    text = f"{value:.9f}".rstrip("0").rstrip(".")
+    return text or "0"

@@ -1,0 +1,70 @@
+"""Every Redis key the bus uses, with its type, writer and reader, and every TTL.
+
+No other module spells a key literal. The first group is the RMB contract that outside programs see; the
+second is msgbusd's internal bookkeeping, which only the daemon touches.
+"""
+
+from __future__ import annotations
+
+# --- RMB contract --------------------------------------------------------------------------------------
+
+# list: local clients LPUSH/RPUSH request envelopes -> daemon pops from the left.
+LOCAL = "msgbus.system.local"
+# list: the daemon's /zbus-remote and /zbus-cmd -> daemon loop (requests to execute here).
+REMOTE = "msgbus.system.remote"
+# list: the daemon's /zbus-reply and local services -> daemon loop (replies to route).
+REPLY = "msgbus.system.reply"
+# hash: field "<dst>.<n>" -> the original local request (client ret, full dst, client uid, now = send time).
+BACKLOG = "msgbus.system.backlog"
+# Seconds a client's return list lives after each push (refreshed by every push).
+RETURN_QUEUE_TTL_S = 1800
+
+# The three system queues, in the priority go-rmb pops them with.
+SYSTEM_QUEUES = (LOCAL, REMOTE, REPLY)
+
+
+def command_queue(cmd: str) -> str:
+    """list: the daemon LPUSHes requests for command ``cmd`` -> the local service pops (zos BRPOPs: FIFO)."""
+    return f"msgbus.{cmd}"
+
+
+def uid_counter(dst: int) -> str:
+    """string int: INCR once per message sent to twin ``dst``; the value makes the uid ``<dst>.<n>``."""
+    return f"msgbus.counter.{dst}"
+
+
+def is_system_queue(key: str) -> bool:
+    """True for ``msgbus.system.*``: never given a TTL, never a client's return list."""
+    return key.startswith("msgbus.system.")
+
+
+# --- msgbusd internals ---------------------------------------------------------------------------------
+
+
+def processing(queue: str) -> str:
+    """list: items the daemon popped from ``queue`` and has not finished handing off (crash recovery)."""
+    return f"{queue}.processing"
+
+
+# zset: member "req:<uid>" or "rep:<key>" -> unix time (float s) when that send is next due. A send in
+# flight is leased by pushing its due time past the HTTP timeout, so a crash mid-send is retried later.
+OUTBOX = "msgbus.system.outbox"
+# hash: uid -> failed delivery attempts of that request so far.
+ATTEMPTS = "msgbus.system.attempts"
+# zset: uid -> unix time (s) after which the request expires (send time + exp).
+DEADLINES = "msgbus.system.deadlines"
+# hash: "<dst>|<uid>" -> a reply envelope waiting to be forwarded to twin dst.
+REPLIES = "msgbus.system.replies"
+# hash: "<dst>|<uid>" -> JSON {"first": unix s, "attempts": n, "deadline": unix s} of a reply being forwarded.
+REPLY_STATE = "msgbus.system.replies.state"
+# list: JSON {"queue", "reason", "raw", "at"} of items that could not be decoded or routed; for operators.
+DEAD_LETTER = "msgbus.system.deadletter"
+# How many dead letters are kept (oldest trimmed).
+DEAD_LETTER_MAX = 10_000
+
+REQUEST_PREFIX = "req:"
+REPLY_PREFIX = "rep:"
+
+
+def reply_key(dst: int, uid: str) -> str:
+    return f"{dst}|{uid}"

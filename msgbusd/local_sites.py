@@ -1,0 +1,255 @@
+"""Real msgbus sites on one machine: private redis-server and msgbusd processes on free loopback ports.
+
+Used by ``msgbus demo``, the benchmark and the tests. Everything waits on conditions (a port accepting
+connections, the daemon's ready line), never on fixed sleeps, and cleans up after itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msgbusd.identity import load_signer, new_mnemonic
+from twin_resolver.base import Twin
+from twin_resolver.static import write_twin_file
+
+READY_LINE = "msgbusd ready"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds; raise ``TimeoutError`` naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@dataclass
+class RedisProcess:
+    """A private redis-server on a free loopback port, its files in a temporary directory."""
+
+    port: int = field(default_factory=free_port)
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-redis-")))
+    appendonly: bool = False
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed: run `make setup` (or apt-get install redis-server)"
+            )
+        args = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--dir",
+            str(self.workdir),
+        ]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: port_open(self.port), what=f"redis-server on port {self.port}")
+        return self
+
+    def stop(self) -> None:
+        _stop_process(self.process)
+        self.process = None
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass
+class SiteProcess:
+    """A msgbusd process for twin ``twin`` with its own identity, Redis and HTTP port."""
+
+    twin: int
+    redis_url: str
+    twins_file: Path
+    mnemonic: str = field(default_factory=new_mnemonic, repr=False)
+    key_type: str = "sr25519"
+    port: int = field(default_factory=free_port)
+    listen_host: str = "127.0.0.1"
+    extra_args: Sequence[str] = ()
+    log_path: Path | None = None
+    # What the twin map says to reach this site (e.g. a proxy in front of it); default: its own port.
+    advertised_address: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def public_key(self) -> bytes:
+        return load_signer(self.mnemonic, self.key_type).public_key
+
+    @property
+    def address(self) -> str:
+        return self.advertised_address or f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "msgbusd",
+            "--twin",
+            str(self.twin),
+            "--key-type",
+            self.key_type,
+            "--twins",
+            str(self.twins_file),
+            "--redis",
+            self.redis_url,
+            "--listen",
+            f"{self._listen_host()}:{self.port}",
+            *self.extra_args,
+        ]
+
+    def _listen_host(self) -> str:
+        return f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+
+    def start(self, timeout_s: float = 20.0) -> SiteProcess:
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkstemp(prefix=f"msgbusd-{self.twin}-", suffix=".log")[1])
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        env["MSGBUS_MNEMONICS"] = self.mnemonic
+        with open(self.log_path, "ab") as log_file:
+            offset = log_file.tell()
+            self.process = subprocess.Popen(
+                self.command(), stdout=log_file, stderr=subprocess.STDOUT, env=env
+            )
+        wait_until(lambda: self._ready_since(offset), timeout_s, f"msgbusd twin {self.twin} to be ready")
+        return self
+
+    def _ready_since(self, offset: int) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(
+                f"msgbusd twin {self.twin} exited with {self.process.returncode}:\n{self.log()}"
+            )
+        assert self.log_path is not None
+        with open(self.log_path, "rb") as log_file:
+            log_file.seek(offset)
+            return READY_LINE.encode() in log_file.read()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait; returns the exit status."""
+        process = self.process
+        _stop_process(process, timeout_s)
+        self.process = None
+        return process.returncode if process else None
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+@dataclass
+class LocalCluster:
+    """N sites, each with its own redis-server and msgbusd, sharing one twin map."""
+
+    size: int = 2
+    key_type: str = "sr25519"
+    extra_args: Sequence[str] = ()
+    # More twins for the map, e.g. clients of the proxy flow or a twin whose site is down.
+    extra_twins: Sequence[Twin] = ()
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-cluster-")))
+    redis: list[RedisProcess] = field(default_factory=list)
+    sites: list[SiteProcess] = field(default_factory=list)
+
+    @property
+    def twins_file(self) -> Path:
+        return self.workdir / "twins.json"
+
+    def start(self) -> LocalCluster:
+        try:
+            for index in range(self.size):
+                redis = RedisProcess().start()
+                self.redis.append(redis)
+                self.sites.append(
+                    SiteProcess(
+                        twin=index + 1,
+                        redis_url=redis.url,
+                        twins_file=self.twins_file,
+                        key_type=self.key_type,
+                        extra_args=self.extra_args,
+                        log_path=self.workdir / f"msgbusd-{index + 1}.log",
+                    )
+                )
+            self.write_twins()
+            for site in self.sites:
+                site.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def write_twins(self) -> None:
+        twins = [
+            Twin(id=s.twin, address=s.address, public_key=s.public_key, name=f"site-{s.twin}")
+            for s in self.sites
+        ]
+        write_twin_file(self.twins_file, [*twins, *self.extra_twins])
+
+    def cleanup(self) -> None:
+        for site in self.sites:
+            site.stop()
+        for redis in self.redis:
+            redis.cleanup()
+        shutil.rmtree(self.workdir, ignore_errors=True)

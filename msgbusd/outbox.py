@@ -1,0 +1,213 @@
+"""Sending to other sites, retrying what failed, and expiring what waited too long.
+
+The outbox sorted set is the durable record of every send still to be done. A send in flight is leased
+(its due time pushed past the HTTP timeout), so if the daemon dies mid-send the retry timer picks it up
+again after the lease; a finished send removes its member.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from msgbusd import keys
+from msgbusd.backoff import Backoff
+from msgbusd.envelope import Envelope, EnvelopeDecodeError
+from msgbusd.errors import DeliveryError, all_retries_done_text, expired_text
+from msgbusd.forwarder import REMOTE_PATH, REPLY_PATH, Forwarder
+from msgbusd.queues import Store, reply_member, request_member
+
+log = logging.getLogger("msgbusd.outbox")
+
+DEFAULT_EXP_S = 3600
+# Members claimed per timer tick; the rest wait for the next tick.
+CLAIM_BATCH = 500
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+
+
+def effective_exp_s(env: Envelope) -> int:
+    return env.exp if env.exp > 0 else DEFAULT_EXP_S
+
+
+def destination_of(uid: str) -> int | None:
+    """The twin a ``<dst>.<n>`` uid was issued for, or None for a uid that is not of that form."""
+    head, _, tail = uid.partition(".")
+    if not tail.isdigit():
+        return None
+    try:
+        return int(head)
+    except ValueError:
+        return None
+
+
+class Outbox:
+    def __init__(
+        self,
+        store: Store,
+        forwarder: Forwarder,
+        twin: int,
+        *,
+        send_timeout_s: float,
+        backoff: Backoff,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._forwarder = forwarder
+        self._twin = twin
+        self._lease_s = send_timeout_s + 5.0
+        self._backoff = backoff
+        self._clock = clock
+
+    def lease_until(self) -> float:
+        return self._clock() + self._lease_s
+
+    # --- requests ----------------------------------------------------------------------------------------
+
+    def forwarded_copy(self, original: Envelope, uid: str, failures: int) -> Envelope:
+        """What goes over the wire for one destination: its own uid, our twin as src, tries left."""
+        dst = destination_of(uid)
+        assert dst is not None, uid
+        return original.replace(
+            uid=uid,
+            src=self._twin,
+            dst=(dst,),
+            ret=keys.REPLY,
+            retries=max(0, original.retries - failures),
+            pxy=False,
+            err="",
+            sig="",
+        )
+
+    async def attempt_request(self, uid: str, original: Envelope, failures: int = 0) -> None:
+        """One delivery attempt of request ``uid``; on failure, schedule a retry or give the final error."""
+        env = self.forwarded_copy(original, uid, failures)
+        try:
+            await self._forwarder.send(env, REMOTE_PATH)
+        except DeliveryError as exc:
+            await self._request_failed(uid, original, exc.cause)
+            return
+        await self._store.sent(request_member(uid))
+        log.debug("sent request uid=%s cmd=%s to twin %s", uid, env.cmd, env.dst[0])
+
+    async def _request_failed(self, uid: str, original: Envelope, cause: str) -> None:
+        failures = await self._store.record_failure(uid)
+        dst = destination_of(uid)
+        if failures <= original.retries:
+            delay = self._backoff.delay_s(failures)
+            if await self._store.reschedule(request_member(uid), self._clock() + delay):
+                log.info(
+                    "send of uid=%s to twin %s failed (%s); retry %d/%d in %.1fs",
+                    uid,
+                    dst,
+                    cause,
+                    failures,
+                    original.retries,
+                    delay,
+                )
+            return
+        error = original.replace(src=dst or 0, err=all_retries_done_text(cause), now=int(self._clock()))
+        if await self._store.finish(uid, original.ret, error.encode()):
+            log.warning(
+                "request uid=%s cmd=%s to twin %s failed after %d attempts: %s",
+                uid,
+                original.cmd,
+                dst,
+                failures,
+                cause,
+            )
+
+    # --- replies -----------------------------------------------------------------------------------------
+
+    async def attempt_reply(self, key: str, env: Envelope, state: dict[str, float]) -> None:
+        """One attempt to forward a service's reply to the twin that asked."""
+        try:
+            await self._forwarder.send(env, REPLY_PATH)
+        except DeliveryError as exc:
+            await self._reply_failed(key, env, state, exc.cause)
+            return
+        await self._store.forget_reply(key)
+        log.debug("sent reply uid=%s cmd=%s to twin %s", env.uid, env.cmd, env.dst[0])
+
+    async def _reply_failed(self, key: str, env: Envelope, state: dict[str, float], cause: str) -> None:
+        attempts = int(state.get("attempts", 0)) + 1
+        now = self._clock()
+        if now >= state.get("deadline", now):
+            await self._store.forget_reply(key)
+            await self._store.dead_letter(
+                keys.REPLY, env.encode(), f"gave up forwarding reply after {attempts} attempts: {cause}"
+            )
+            log.error("gave up forwarding reply uid=%s to twin %s: %s", env.uid, env.dst[0], cause)
+            return
+        state = {**state, "attempts": attempts}
+        await self._store.update_reply_state(key, state)
+        delay = self._backoff.delay_s(attempts)
+        await self._store.reschedule(reply_member(key), now + delay)
+        log.info("reply uid=%s to twin %s failed (%s); retry in %.1fs", env.uid, env.dst[0], cause, delay)
+
+    # --- timers ------------------------------------------------------------------------------------------
+
+    async def run_due(self, spawn: Spawn) -> int:
+        """Start every send whose time has come; returns how many."""
+        members = await self._store.claim_due(self._clock(), self.lease_until(), CLAIM_BATCH)
+        for member in members:
+            spawn(self._resend(member))
+        return len(members)
+
+    async def _resend(self, member: str) -> None:
+        if member.startswith(keys.REQUEST_PREFIX):
+            uid = member.removeprefix(keys.REQUEST_PREFIX)
+            original = await self._load_original(uid)
+            if original is not None:
+                await self.attempt_request(uid, original, await self._store.failures(uid))
+        elif member.startswith(keys.REPLY_PREFIX):
+            key = member.removeprefix(keys.REPLY_PREFIX)
+            pending = await self._store.pending_reply(key)
+            if pending is None:
+                await self._store.forget_reply(key)
+                return
+            payload, state = pending
+            try:
+                env = Envelope.decode(payload)
+            except EnvelopeDecodeError as exc:
+                await self._store.forget_reply(key)
+                log.error("dropped unreadable pending reply %s: %s", key, exc.reason)
+                return
+            await self.attempt_reply(key, env, state)
+        else:
+            await self._store.sent(member)
+            log.error("dropped unknown outbox entry %r", member)
+
+    async def expire_due(self) -> int:
+        """Give every request past its deadline its timeout error; returns how many expired."""
+        uids = await self._store.due_deadlines(self._clock(), CLAIM_BATCH)
+        expired = 0
+        for uid in uids:
+            original = await self._load_original(uid)
+            if original is None:
+                continue
+            exp_s = effective_exp_s(original)
+            error = original.replace(
+                uid=uid, src=destination_of(uid) or 0, err=expired_text(exp_s), now=int(self._clock())
+            )
+            if await self._store.finish(uid, original.ret, error.encode()):
+                expired += 1
+                log.warning(
+                    "request uid=%s cmd=%s expired after %ss without a reply", uid, original.cmd, exp_s
+                )
+        return expired
+
+    async def _load_original(self, uid: str) -> Envelope | None:
+        """The backlog entry of ``uid``; cleans up after a request that is already finished."""
+        entry = await self._store.backlog_entry(uid)
+        if entry is None:
+            await self._store.forget_request(uid)
+            return None
+        try:
+            return Envelope.decode(entry)
+        except EnvelopeDecodeError as exc:
+            log.error("backlog entry of uid=%s is unreadable (%s); dropping it", uid, exc.reason)
+            await self._store.forget_request(uid)
+            return None

@@ -1,0 +1,45 @@
+"""Everything msgbusd can be told, with its defaults.
+
+Every delay and timeout lives here, so tests can shrink them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+DEFAULT_SUBSTRATE_URL = "wss://tfchain.grid.tf"
+DEFAULT_PORT = 8051
+
+
+@dataclass(frozen=True)
+class Settings:
+    # The secret is kept out of repr so it never reaches a log line or a traceback.
+    mnemonics: str = field(repr=False)
+    key_type: str = "sr25519"
+    twin: int | None = None
+    substrate_url: str = DEFAULT_SUBSTRATE_URL
+    twins_file: Path | None = None
+    redis_url: str = DEFAULT_REDIS_URL
+    listen_host: str = "::"
+    listen_port: int = DEFAULT_PORT
+    workers: int = 1000
+    log_level: str = "info"
+
+    # Time a POST to a peer may take (go-rmb: 10 s).
+    send_timeout_s: float = 10.0
+    # First delay before re-sending a failed request or reply (go-rmb: 5 s); later ones double, up to the max.
+    retry_delay_s: float = 5.0
+    retry_max_delay_s: float = 60.0
+    # A request older than this (by its `now`) is refused at the HTTP door.
+    freshness_s: float = 60.0
+    # How often the retry and expiry timers look for due work.
+    tick_s: float = 0.2
+    # Longest blocking pop; must stay below the Redis client's socket timeout.
+    pop_block_s: float = 1.0
+    redis_socket_timeout_s: float = 10.0
+    # Time given to in-flight work after the first SIGTERM before it is left for the next start.
+    drain_grace_s: float = 10.0
+    resolver_ttl_s: float = 300.0
+    handle_signals: bool = True

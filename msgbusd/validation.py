@@ -1,0 +1,24 @@
+"""The checks every message taken from a system queue must pass (go-rmb's, with its texts)."""
+
+from __future__ import annotations
+
+from msgbusd.envelope import PROTOCOL_VERSION, Envelope
+from msgbusd.errors import (
+    MISSING_COMMAND,
+    MISSING_DESTINATION,
+    MISSING_RETURN_QUEUE,
+    VERSION_MISMATCH,
+    InvalidMessage,
+)
+
+
+def validate(env: Envelope, *, need_destination: bool = True) -> None:
+    """Raise :class:`InvalidMessage` with the first failing reason, in go-rmb's order."""
+    if env.ver != PROTOCOL_VERSION:
+        raise InvalidMessage(VERSION_MISMATCH)
+    if not env.cmd:
+        raise InvalidMessage(MISSING_COMMAND)
+    if need_destination and not env.dst:
+        raise InvalidMessage(MISSING_DESTINATION)
+    if not env.ret:
+        raise InvalidMessage(MISSING_RETURN_QUEUE)

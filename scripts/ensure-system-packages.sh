@@ -1,0 +1,23 @@
+#!/bin/sh
+# Installs the system programs msgbus runs against (redis-server) when they are missing. Idempotent.
+set -eu
+
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" = 0 ]; then
+    run=""
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    run="sudo"
+else
+    echo "msgbus needs:$missing. Install them as root, e.g.: sudo apt-get install -y$missing" >&2
+    exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "msgbus needs:$missing, and this system has no apt-get: install them with its package manager." >&2
+    exit 1
+fi
+echo "installing:$missing"
+$run apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $run apt-get install -y -qq --no-install-recommends $missing >/dev/null

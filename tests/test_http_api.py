@@ -1,0 +1,286 @@
+"""Every answer of the site's HTTP door, against a real Redis, through the real starlette app."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from msgbusd import keys
+from msgbusd.envelope import Envelope
+from msgbusd.http_api import Door, create_app
+from msgbusd.identity import load_signer
+from msgbusd.queues import Store
+from msgbusd.signing import Signer, verify
+from twin_resolver.base import ResolverUnavailable, Twin
+from twin_resolver.static import StaticResolver
+
+PHRASE = "bottom drive obey lake curtain smoke basket hold race lonely fit walk"
+NOW = 1_700_000_000
+SITE_TWIN = 1
+ED_TWIN = 7
+SR_TWIN = 8
+
+
+class FixedClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class UnreachableChain:
+    """Stands in for a chain endpoint that times out: the public TFChain cannot be reached from the tests."""
+
+    async def get_twin(self, twin_id: int) -> Twin:
+        raise ResolverUnavailable("i/o timeout")
+
+    async def twin_id_by_public_key(self, public_key: bytes) -> int:
+        raise ResolverUnavailable("i/o timeout")
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+def site_signer() -> Signer:
+    return load_signer("0x" + "11" * 32, "ed25519")
+
+
+@pytest.fixture
+def ed_signer() -> Signer:
+    return load_signer(PHRASE, "ed25519")
+
+
+@pytest.fixture
+def sr_signer() -> Signer:
+    return load_signer(PHRASE, "sr25519")
+
+
+@pytest.fixture
+def resolver(site_signer: Signer, ed_signer: Signer, sr_signer: Signer) -> StaticResolver:
+    return StaticResolver.from_twins(
+        [
+            Twin(SITE_TWIN, "127.0.0.1:1", site_signer.public_key),
+            Twin(ED_TWIN, "127.0.0.1:2", ed_signer.public_key),
+            Twin(SR_TWIN, "127.0.0.1:3", sr_signer.public_key),
+        ]
+    )
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock(NOW)
+
+
+@pytest.fixture
+async def http(
+    async_redis: aioredis.Redis, resolver: StaticResolver, site_signer: Signer, clock: FixedClock
+) -> AsyncIterator[httpx.AsyncClient]:
+    door = Door(Store(async_redis), resolver, site_signer, freshness_s=60, clock=clock)
+    transport = httpx.ASGITransport(app=create_app(door))
+    async with httpx.AsyncClient(transport=transport, base_url="http://site") as client:
+        yield client
+
+
+def request_from(signer: Signer, src: int, **fields: object) -> Envelope:
+    env = Envelope(
+        uid=f"{SITE_TWIN}.1",
+        cmd="zos.statistics.get",
+        dat="e30=",
+        src=src,
+        dst=(SITE_TWIN,),
+        ret="msgbus.system.reply",
+        now=NOW,
+    ).replace(**fields)
+    return signer.sign(env)
+
+
+def error_of(response: httpx.Response) -> str:
+    body = response.json()
+    assert list(body) == ["Status", "Message"]
+    assert body["Status"] == "error"
+    assert response.headers["content-type"] == "application/json"
+    return str(body["Message"])
+
+
+@pytest.mark.parametrize("path", ["/zbus-remote", "/zbus-reply"])
+async def test_signed_message_is_accepted_and_queued(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, ed_signer: Signer, path: str
+) -> None:
+    env = request_from(ed_signer, ED_TWIN)
+    response = await http.post(path, content=env.encode())
+    assert response.status_code == 200
+    assert response.content == b'{"status": "accepted"}'
+    queue = keys.REMOTE if path == "/zbus-remote" else keys.REPLY
+    queued = await async_redis.lrange(queue, 0, -1)
+    assert [Envelope.decode(item) for item in queued] == [env]
+
+
+async def test_sr25519_signatures_are_accepted(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, sr_signer: Signer
+) -> None:
+    response = await http.post("/zbus-remote", content=request_from(sr_signer, SR_TWIN).encode())
+    assert response.status_code == 200
+    assert await async_redis.llen(keys.REMOTE) == 1
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE", "OPTIONS", "FETCH"])
+async def test_any_method_and_content_type_is_accepted(
+    http: httpx.AsyncClient, ed_signer: Signer, method: str
+) -> None:
+    response = await http.request(
+        method,
+        "/zbus-remote",
+        content=request_from(ed_signer, ED_TWIN).encode(),
+        headers={"content-type": "text/plain"},
+    )
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"src":"7"}', b'{"dst":{}}'])
+async def test_unparsable_body_is_refused(http: httpx.AsyncClient, body: bytes) -> None:
+    response = await http.post("/zbus-remote", content=body)
+    assert response.status_code == 400
+    assert error_of(response) == "couldn't parse json"
+
+
+async def test_old_message_is_refused_with_its_age(http: httpx.AsyncClient, ed_signer: Signer) -> None:
+    env = request_from(ed_signer, ED_TWIN, now=NOW - 100)
+    response = await http.post("/zbus-remote", content=env.encode())
+    assert response.status_code == 400
+    assert error_of(response) == (f"message is too old, sent since 1m40s, sent time: {NOW - 100}, now: {NOW}")
+
+
+async def test_message_at_the_freshness_limit_is_accepted(http: httpx.AsyncClient, ed_signer: Signer) -> None:
+    response = await http.post("/zbus-reply", content=request_from(ed_signer, ED_TWIN, now=NOW - 60).encode())
+    assert response.status_code == 200
+
+
+async def test_message_without_now_is_too_old(http: httpx.AsyncClient) -> None:
+    response = await http.post("/zbus-remote", content=b'{"ver":1,"src":7}')
+    assert response.status_code == 400
+    assert error_of(response).startswith("message is too old, sent since ")
+    assert error_of(response).endswith(f", sent time: 0, now: {NOW}")
+
+
+async def test_unknown_source_twin(http: httpx.AsyncClient, ed_signer: Signer) -> None:
+    response = await http.post("/zbus-remote", content=request_from(ed_signer, 99).encode())
+    assert response.status_code == 400
+    assert error_of(response) == "source twin 99 not found"
+
+
+async def test_resolver_failure_is_a_502(
+    async_redis: aioredis.Redis, site_signer: Signer, ed_signer: Signer, clock: FixedClock
+) -> None:
+    door = Door(Store(async_redis), UnreachableChain(), site_signer, clock=clock)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(door)), base_url="http://s"
+    ) as http:
+        response = await http.post("/zbus-cmd", content=request_from(ed_signer, ED_TWIN).encode())
+    assert response.status_code == 502
+    assert error_of(response) == "couldn't get twin 7 public key: i/o timeout"
+
+
+@pytest.mark.parametrize(
+    ("sig", "message"),
+    [
+        ("", "signature field is empty, visit the project github repo for instructions to update"),
+        ("zz" * 65, "couldn't decode signature: encoding/hex: invalid byte: U+007A 'z'"),
+        ("65" + "00" * 63 + "0", "couldn't decode signature: encoding/hex: odd length hex string"),
+        ("78" + "00" * 64, "unrecognized signature prefix 78"),
+        ("65" + "00" * 10, "couldn't verify signature"),
+        ("65" + "00" * 64, "couldn't verify signature"),
+    ],
+)
+async def test_bad_signatures(http: httpx.AsyncClient, ed_signer: Signer, sig: str, message: str) -> None:
+    env = request_from(ed_signer, ED_TWIN).replace(sig=sig)
+    response = await http.post("/zbus-remote", content=env.encode())
+    assert response.status_code == 400
+    assert error_of(response) == message
+
+
+async def test_tampered_message_fails_verification(http: httpx.AsyncClient, ed_signer: Signer) -> None:
+    env = request_from(ed_signer, ED_TWIN).replace(dat="e31=")
+    response = await http.post("/zbus-reply", content=env.encode())
+    assert response.status_code == 400
+    assert error_of(response) == "couldn't verify signature"
+
+
+async def test_signature_of_another_twin_fails(http: httpx.AsyncClient, sr_signer: Signer) -> None:
+    response = await http.post("/zbus-remote", content=request_from(sr_signer, ED_TWIN).encode())
+    assert response.status_code == 400
+    assert error_of(response) == "couldn't verify signature"
+
+
+async def test_checks_run_in_contract_order(http: httpx.AsyncClient) -> None:
+    # Old, unknown twin and unsigned at once: freshness is reported first.
+    stale = Envelope(src=99, now=NOW - 1000)
+    assert error_of(await http.post("/zbus-remote", content=stale.encode())).startswith("message is too old")
+    unknown = Envelope(src=99, now=NOW)
+    assert error_of(await http.post("/zbus-remote", content=unknown.encode())) == "source twin 99 not found"
+
+
+async def test_zbus_cmd_queues_a_proxy_request_and_returns_its_queue(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, sr_signer: Signer
+) -> None:
+    env = request_from(sr_signer, SR_TWIN, pxy=True, ret="", uid="")
+    response = await http.post("/zbus-cmd", content=env.encode())
+    assert response.status_code == 200
+    retqueue = response.json()["retqueue"]
+    assert uuid.UUID(retqueue).version == 4
+    (queued,) = await async_redis.lrange(keys.REMOTE, 0, -1)
+    assert Envelope.decode(queued) == env.replace(pxy=True, ret=retqueue)
+
+
+async def test_zbus_result_lists_items_decoded_and_signed_by_the_site_without_removing_them(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, site_signer: Signer
+) -> None:
+    retqueue = str(uuid.uuid4())
+    reply = Envelope(
+        uid="1.1", cmd="c", dat="eyJhIjoxfQ==", src=SITE_TWIN, dst=(SR_TWIN,), ret=retqueue, pxy=True
+    )
+    await async_redis.lpush(retqueue, reply.encode())
+    body = json.dumps({"retqueue": retqueue})
+    first = await http.post("/zbus-result", content=body)
+    second = await http.post("/zbus-result", content=body)
+    assert first.status_code == 200 and second.status_code == 200
+    assert first.headers["content-type"] == "application/json"
+    assert first.json() == second.json()
+    (item,) = first.json()
+    shown = Envelope.from_wire(item)
+    assert shown.dat == '{"a":1}'
+    assert shown.now == NOW
+    verify(shown, site_signer.public_key)
+    assert await async_redis.llen(retqueue) == 1
+
+
+async def test_zbus_result_of_an_empty_queue_is_an_empty_list(http: httpx.AsyncClient) -> None:
+    response = await http.post("/zbus-result", content=json.dumps({"retqueue": str(uuid.uuid4())}))
+    assert response.status_code == 200
+    assert response.json() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "couldn't parse json"),
+        (b"{}", "couldn't parse json"),
+        (b'{"retqueue": 5}', "couldn't parse json"),
+        (b'{"retqueue": "msgbus.system.reply"}', "Invalid Retqueue, it should be a valid UUID"),
+        (json.dumps({"retqueue": str(uuid.uuid1())}).encode(), "Invalid Retqueue, it should be a valid UUID"),
+    ],
+)
+async def test_zbus_result_refusals(http: httpx.AsyncClient, body: bytes, message: str) -> None:
+    response = await http.post("/zbus-result", content=body)
+    assert response.status_code == 400
+    assert error_of(response) == message
+
+
+async def test_unknown_path_is_not_found(http: httpx.AsyncClient) -> None:
+    assert (await http.post("/zbus-nothing", content=b"{}")).status_code == 404

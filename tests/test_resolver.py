@@ -1,0 +1,411 @@
+"""Twin resolvers: the JSON twin file (checks, reload on change) and the caching front."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from msgbusd.identity import ss58_encode
+from twin_resolver import (
+    AccountNotFound,
+    CachedResolver,
+    Resolver,
+    ResolverError,
+    ResolverUnavailable,
+    StaticResolver,
+    Twin,
+    TwinFileError,
+    TwinNotFound,
+    load_twin_file,
+    write_twin_file,
+)
+
+KEY_1 = bytes.fromhex("d43593c715fdd31c61141abd04a99fd6822c8558854ccde39a5684e7a56da27d")
+KEY_2 = bytes.fromhex("46ebddef8cd9bb167dc30878d7113b7e168e6f0646beffd77d69d39bad76b47a")
+KEY_3 = bytes.fromhex("345071da55e5dccefaaa440339415ef9f2663338a38f7da0df21be5ab4e055ef")
+TWIN_1 = Twin(id=1, address="127.0.0.1:18051", public_key=KEY_1, name="edge-1")
+TWIN_2 = Twin(id=2, address="300:1::2", public_key=KEY_2)
+TWIN_3 = Twin(id=3, address="[300:1::3]:9000", public_key=KEY_3, name="edge-3")
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _write_json(path: Path, doc: Any) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _touch(path: Path, mtime_s: int) -> None:
+    os.utime(path, ns=(mtime_s * 10**9, mtime_s * 10**9))
+
+
+def _file_error(path: Path) -> str:
+    with pytest.raises(TwinFileError) as caught:
+        load_twin_file(path)
+    return str(caught.value)
+
+
+# --- the twin file ---------------------------------------------------------------------------------------
+
+
+async def test_static_resolver_answers_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "twins.json"
+    write_twin_file(path, [TWIN_1, TWIN_2])
+    resolver: Resolver = StaticResolver(path)
+    assert await resolver.get_twin(1) == TWIN_1
+    assert await resolver.get_twin(2) == TWIN_2
+    assert await resolver.twin_id_by_public_key(KEY_2) == 2
+    await resolver.aclose()
+
+
+async def test_unknown_twin_and_account(tmp_path: Path) -> None:
+    resolver = StaticResolver.from_twins([TWIN_1])
+    with pytest.raises(TwinNotFound) as caught:
+        await resolver.get_twin(9)
+    assert caught.value.twin_id == 9 and str(caught.value) == "twin 9 not found"
+    with pytest.raises(AccountNotFound) as missing:
+        await resolver.twin_id_by_public_key(KEY_2)
+    assert str(missing.value) == f"no twin found for account {ss58_encode(KEY_2)}"
+    assert missing.value.public_key == KEY_2
+    assert isinstance(missing.value, ResolverError) and isinstance(caught.value, ResolverError)
+
+
+def test_accounts_in_hex_and_ss58(tmp_path: Path) -> None:
+    path = _write_json(
+        tmp_path / "twins.json",
+        {
+            "twins": [
+                {"id": 1, "ip": "1.2.3.4", "account": ss58_encode(KEY_1), "name": "a"},
+                {"id": 2, "ip": "300:1::2", "account": KEY_2.hex()},
+                {"id": 3, "ip": "", "account": "0x" + KEY_3.hex().upper(), "extra": True},
+            ]
+        },
+    )
+    twins = load_twin_file(path)
+    assert twins == {
+        1: Twin(1, "1.2.3.4", KEY_1, "a"),
+        2: Twin(2, "300:1::2", KEY_2),
+        3: Twin(3, "", KEY_3),
+    }
+
+
+def test_write_twin_file_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "twins.json"
+    write_twin_file(path, [TWIN_1, TWIN_2, TWIN_3])
+    assert load_twin_file(path) == {1: TWIN_1, 2: TWIN_2, 3: TWIN_3}
+    assert "name" not in json.loads(path.read_text())["twins"][1]
+    assert [p.name for p in tmp_path.iterdir()] == ["twins.json"]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.json"
+    assert _file_error(path) == f"{path}: twin file not found"
+    with pytest.raises(TwinFileError, match="twin file not found"):
+        StaticResolver(path)
+
+
+def test_bad_json(tmp_path: Path) -> None:
+    path = tmp_path / "twins.json"
+    path.write_text('{"twins": [')
+    assert _file_error(path).startswith(f"{path}: invalid JSON: ")
+
+
+@pytest.mark.parametrize("doc", [[], {"twin": []}, {"twins": {}}, "x"])
+def test_wrong_shape(tmp_path: Path, doc: Any) -> None:
+    path = _write_json(tmp_path / "twins.json", doc)
+    assert _file_error(path) == f'{path}: expected an object with a "twins" list'
+
+
+GOOD = {"id": 1, "ip": "1.2.3.4", "account": KEY_1.hex()}
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("x", "expected an object"),
+        ({"ip": "1.2.3.4"}, "missing key(s) id, account"),
+        ({"id": 2, "account": KEY_2.hex()}, "missing key(s) ip"),
+        ({**GOOD, "id": 2, "account": "nope"}, "bad account: 'nope' is neither 64 hex digits nor an SS58"),
+        ({**GOOD, "id": 2, "account": KEY_2.hex()[:-2]}, "bad account: "),
+        ({**GOOD, "id": 2, "account": 5}, "account must be a string, got 5"),
+        ({**GOOD, "id": "2"}, "id must be a positive integer, got '2'"),
+        ({**GOOD, "id": True}, "id must be a positive integer, got True"),
+        ({**GOOD, "id": 0}, "id must be a positive integer, got 0"),
+        ({**GOOD, "id": 2, "ip": None}, "ip must be a string, got None"),
+        ({**GOOD, "id": 2, "account": KEY_2.hex(), "name": 3}, "name must be a string, got 3"),
+    ],
+)
+def test_bad_entry_names_file_and_index(tmp_path: Path, entry: Any, reason: str) -> None:
+    path = _write_json(tmp_path / "twins.json", {"twins": [GOOD, entry]})
+    text = _file_error(path)
+    assert text.startswith(f"{path}: twins[1]: {reason}")
+
+
+def test_duplicate_ids(tmp_path: Path) -> None:
+    path = _write_json(
+        tmp_path / "twins.json",
+        {"twins": [GOOD, {"id": 2, "ip": "", "account": KEY_2.hex()}, {**GOOD, "account": KEY_3.hex()}]},
+    )
+    assert _file_error(path) == f"{path}: twins[2]: duplicate twin id 1 (also twins[0])"
+
+
+def test_duplicate_accounts(tmp_path: Path) -> None:
+    path = _write_json(tmp_path / "twins.json", {"twins": [GOOD, {**GOOD, "id": 2}]})
+    assert _file_error(path) == f"{path}: twins[1]: account already used by twins[0]"
+
+
+def test_from_twins_rejects_duplicates() -> None:
+    with pytest.raises(TwinFileError, match="duplicate twin id 1"):
+        StaticResolver.from_twins([TWIN_1, Twin(1, "", KEY_2)])
+
+
+async def test_file_is_reread_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "twins.json"
+    write_twin_file(path, [TWIN_1])
+    _touch(path, 100)
+    clock = Clock()
+    resolver = StaticResolver(path, clock=clock)
+
+    write_twin_file(path, [TWIN_1, TWIN_2])
+    _touch(path, 200)
+    with pytest.raises(TwinNotFound):
+        await resolver.get_twin(2)  # checked at most once a second
+    clock.now += 1.0
+    assert await resolver.get_twin(2) == TWIN_2
+    assert await resolver.twin_id_by_public_key(KEY_2) == 2
+
+    write_twin_file(path, [TWIN_2])
+    _touch(path, 300)
+    clock.now += 1.0
+    with pytest.raises(TwinNotFound):
+        await resolver.get_twin(1)
+    with pytest.raises(AccountNotFound):
+        await resolver.twin_id_by_public_key(KEY_1)
+
+
+async def test_unchanged_mtime_is_not_reread(tmp_path: Path) -> None:
+    path = tmp_path / "twins.json"
+    write_twin_file(path, [TWIN_1, TWIN_2])
+    _touch(path, 100)
+    clock = Clock()
+    resolver = StaticResolver(path, clock=clock)
+    size = path.stat().st_size
+    write_twin_file(path, [TWIN_3, TWIN_2])
+    _touch(path, 100)
+    assert path.stat().st_size == size  # the premise: nothing tells the files apart
+    clock.now += 5.0
+    assert await resolver.get_twin(1) == TWIN_1
+
+
+async def test_failed_reload_keeps_previous_twins(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "twins.json"
+    write_twin_file(path, [TWIN_1])
+    _touch(path, 100)
+    clock = Clock()
+    resolver = StaticResolver(path, clock=clock)
+
+    path.write_text('{"twins": [{"id": 2}]}')
+    _touch(path, 200)
+    clock.now += 1.0
+    with caplog.at_level(logging.WARNING, logger="twin_resolver.static"):
+        assert await resolver.get_twin(1) == TWIN_1
+        clock.now += 1.0
+        assert await resolver.get_twin(1) == TWIN_1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"keeping the previous 1 twins: {path}: twins[0]: missing key(s) ip, account"]
+
+    path.unlink()
+    clock.now += 1.0
+    assert await resolver.get_twin(1) == TWIN_1
+
+    write_twin_file(path, [TWIN_3])
+    _touch(path, 300)
+    clock.now += 1.0
+    assert await resolver.get_twin(3) == TWIN_3
+
+
+# --- the cache ---------------------------------------------------------------------------------------------
+
+
+class CountingResolver:
+    """A real resolver over a dict that counts calls, can fail on demand, and can hold answers back."""
+
+    def __init__(self, twins: list[Twin]) -> None:
+        self.twins = {twin.id: twin for twin in twins}
+        self.calls = 0
+        self.failures: list[ResolverError] = []
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        self.closed = False
+
+    async def _enter(self) -> None:
+        self.calls += 1
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failures:
+            raise self.failures.pop(0)
+
+    async def get_twin(self, twin_id: int) -> Twin:
+        await self._enter()
+        if twin_id not in self.twins:
+            raise TwinNotFound(twin_id)
+        return self.twins[twin_id]
+
+    async def twin_id_by_public_key(self, public_key: bytes) -> int:
+        await self._enter()
+        for twin in self.twins.values():
+            if twin.public_key == public_key:
+                return twin.id
+        raise AccountNotFound(public_key)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_answers_are_cached_for_the_ttl() -> None:
+    inner, clock = CountingResolver([TWIN_1]), Clock()
+    cache = CachedResolver(inner, ttl_s=300.0, clock=clock)
+    assert await cache.get_twin(1) == TWIN_1
+    clock.now += 299.0
+    assert await cache.get_twin(1) == TWIN_1
+    assert inner.calls == 1
+    clock.now += 1.0
+    assert await cache.get_twin(1) == TWIN_1
+    assert inner.calls == 2
+
+
+async def test_account_lookups_are_cached_separately() -> None:
+    inner, clock = CountingResolver([TWIN_1]), Clock()
+    cache = CachedResolver(inner, ttl_s=10.0, clock=clock)
+    assert await cache.twin_id_by_public_key(KEY_1) == 1
+    assert await cache.twin_id_by_public_key(KEY_1) == 1
+    assert inner.calls == 1
+    await cache.get_twin(1)
+    assert inner.calls == 2
+    clock.now += 10.0
+    assert await cache.twin_id_by_public_key(KEY_1) == 1
+    assert inner.calls == 3
+
+
+async def test_a_changed_twin_is_seen_after_the_ttl() -> None:
+    inner, clock = CountingResolver([TWIN_1]), Clock()
+    cache = CachedResolver(inner, ttl_s=60.0, clock=clock)
+    await cache.get_twin(1)
+    moved = Twin(1, "300:1::9", KEY_1)
+    inner.twins[1] = moved
+    assert await cache.get_twin(1) == TWIN_1
+    clock.now += 60.0
+    assert await cache.get_twin(1) == moved
+
+
+@pytest.mark.parametrize("error", [ResolverUnavailable("chain unreachable"), TwinNotFound(1)])
+async def test_errors_are_not_cached(error: ResolverError) -> None:
+    inner = CountingResolver([TWIN_1])
+    inner.failures.append(error)
+    cache = CachedResolver(inner, clock=Clock())
+    with pytest.raises(type(error)):
+        await cache.get_twin(1)
+    assert await cache.get_twin(1) == TWIN_1
+    assert inner.calls == 2
+
+
+async def test_not_found_is_asked_again_every_time() -> None:
+    inner = CountingResolver([])
+    cache = CachedResolver(inner, clock=Clock())
+    for _ in range(3):
+        with pytest.raises(AccountNotFound):
+            await cache.twin_id_by_public_key(KEY_2)
+    assert inner.calls == 3
+
+
+async def _held(inner: CountingResolver, lookups: list[asyncio.Task[Any]]) -> None:
+    """Wait until the inner resolver is asked and every look-up is waiting, then let the answer through."""
+    await inner.entered.wait()
+    for _ in range(3):
+        await asyncio.sleep(0)  # let the remaining look-ups reach the shared call
+    assert not any(task.done() for task in lookups)
+    assert inner.gate is not None
+    inner.gate.set()
+
+
+async def test_concurrent_lookups_share_one_call() -> None:
+    inner = CountingResolver([TWIN_1])
+    inner.gate = asyncio.Event()
+    cache = CachedResolver(inner, clock=Clock())
+    lookups = [asyncio.create_task(cache.get_twin(1)) for _ in range(5)]
+    await _held(inner, lookups)
+    assert await asyncio.gather(*lookups) == [TWIN_1] * 5
+    assert inner.calls == 1
+    assert await cache.get_twin(1) == TWIN_1
+    assert inner.calls == 1
+
+
+async def test_concurrent_lookups_share_one_error() -> None:
+    inner = CountingResolver([TWIN_1])
+    inner.gate = asyncio.Event()
+    inner.failures.append(ResolverUnavailable("chain unreachable"))
+    cache = CachedResolver(inner, clock=Clock())
+    lookups = [asyncio.create_task(cache.twin_id_by_public_key(KEY_1)) for _ in range(4)]
+    await _held(inner, lookups)
+    results = await asyncio.gather(*lookups, return_exceptions=True)
+    assert [str(r) for r in results] == ["chain unreachable"] * 4
+    assert all(isinstance(r, ResolverUnavailable) for r in results)
+    assert inner.calls == 1
+    assert await cache.twin_id_by_public_key(KEY_1) == 1
+    assert inner.calls == 2
+
+
+async def test_different_keys_are_not_coalesced() -> None:
+    inner = CountingResolver([TWIN_1, TWIN_2])
+    inner.gate = asyncio.Event()
+    cache = CachedResolver(inner, clock=Clock())
+    lookups = [asyncio.create_task(cache.get_twin(i)) for i in (1, 2, 1)]
+    await _held(inner, lookups)
+    assert await asyncio.gather(*lookups) == [TWIN_1, TWIN_2, TWIN_1]
+    assert inner.calls == 2
+
+
+async def test_a_cancelled_waiter_does_not_cancel_the_others() -> None:
+    inner = CountingResolver([TWIN_1])
+    inner.gate = asyncio.Event()
+    cache = CachedResolver(inner, clock=Clock())
+    first = asyncio.create_task(cache.get_twin(1))
+    second = asyncio.create_task(cache.get_twin(1))
+    await inner.entered.wait()
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    inner.gate.set()
+    assert await second == TWIN_1
+    assert inner.calls == 1
+
+
+async def test_aclose_closes_the_inner_resolver() -> None:
+    inner = CountingResolver([TWIN_1])
+    cache = CachedResolver(inner)
+    await cache.aclose()
+    assert inner.closed
+
+
+async def test_cache_over_a_static_resolver(tmp_path: Path) -> None:
+    path = tmp_path / "twins.json"
+    write_twin_file(path, [TWIN_1, TWIN_2])
+    cache: Resolver = CachedResolver(StaticResolver(path))
+    assert await cache.get_twin(2) == TWIN_2
+    assert await cache.twin_id_by_public_key(KEY_1) == 1
+    await cache.aclose()
