@@ -20,7 +20,9 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 import uvicorn
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from msgbusd import keys
 from msgbusd.backoff import Backoff
@@ -98,6 +100,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
+        self._scheduled = 0
         self._server: _Server | None = None
         self.ready = asyncio.Event()
 
@@ -176,10 +179,17 @@ class Daemon:
             with contextlib.suppress(RedisError):
                 await self.site.store.recover(queue)
 
-    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
+    def _spawn(
+        self,
+        work: Coroutine[Any, Any, None],
+        what: str,
+        done: Callable[[asyncio.Task[None]], None] | None = None,
+    ) -> None:
         task = asyncio.create_task(self._guarded(work, what))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        if done is not None:
+            task.add_done_callback(done)
 
     async def _guarded(self, work: Coroutine[Any, Any, None], what: str) -> None:
         try:
@@ -210,25 +220,46 @@ class Daemon:
                 continue
             self._spawn(self._handle(handle, raw, slots), f"item from {queue}")
 
-    @staticmethod
     async def _handle(
-        handle: Callable[[bytes], Awaitable[None]], raw: bytes, slots: asyncio.Semaphore
+        self, handle: Callable[[bytes], Awaitable[None]], raw: bytes, slots: asyncio.Semaphore
     ) -> None:
+        """Run ``handle`` on one item; while Redis is unreachable, try again with backoff until stopping."""
+        failures = 0
         try:
-            await handle(raw)
+            while True:
+                try:
+                    await handle(raw)
+                    return
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    if self._stopping.is_set():
+                        raise
+                    failures += 1
+                    delay = RECONNECT_BACKOFF.delay_s(failures)
+                    log.warning("redis unreachable while handling an item (%s); again in %.1fs", exc, delay)
+                    await self._sleep_unless_stopping(delay)
         finally:
             slots.release()
 
+    def _spawn_scheduled(self, work: Coroutine[Any, Any, None]) -> None:
+        self._scheduled += 1
+        self._spawn(work, "scheduled send", done=self._scheduled_done)
+
+    def _scheduled_done(self, _task: asyncio.Task[None]) -> None:
+        self._scheduled -= 1
+
     async def _timers(self) -> None:
         outbox = self.site.outbox
-        tick_s = self.site.settings.tick_s
+        settings = self.site.settings
         while not self._stopping.is_set():
             try:
-                await outbox.run_due(lambda work: self._spawn(work, "scheduled send"))
+                # Sends taken from the schedule are bounded like queue items: what cannot start now stays due.
+                free = settings.workers - self._scheduled
+                if free > 0:
+                    await outbox.run_due(self._spawn_scheduled, limit=free)
                 await outbox.expire_due()
             except (RedisError, OSError) as exc:
                 log.error("retry/expiry timer: redis failed (%s)", exc)
-            await self._sleep_unless_stopping(tick_s)
+            await self._sleep_unless_stopping(settings.tick_s)
 
     async def _sleep_unless_stopping(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -149,9 +149,9 @@ class Outbox:
 
     # --- timers ------------------------------------------------------------------------------------------
 
-    async def run_due(self, spawn: Spawn) -> int:
-        """Start every send whose time has come; returns how many."""
-        members = await self._store.claim_due(self._clock(), self.lease_until(), CLAIM_BATCH)
+    async def run_due(self, spawn: Spawn, limit: int = CLAIM_BATCH) -> int:
+        """Start the sends whose time has come, at most ``limit``; returns how many."""
+        members = await self._store.claim_due(self._clock(), self.lease_until(), min(limit, CLAIM_BATCH))
         for member in members:
             spawn(self._resend(member))
         return len(members)

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,4 +217,23 @@ def test_items_left_by_a_killed_daemon_are_taken_again_at_start(one_site: LocalC
     assert Envelope.decode(answer).err == "received invalid message: protocol version mismatch"
     assert conn.llen(keys.processing(keys.LOCAL)) == 0
     assert "recovered 1 unfinished item(s) of msgbus.system.local" in site.log()
+    conn.close()
+
+
+def test_daemon_survives_a_redis_restart(one_site: LocalCluster) -> None:
+    server = one_site.redis[0]
+    server.kill()
+    wait_until(lambda: "cannot pop msgbus.system" in one_site.sites[0].log(), what="the daemon to notice")
+    server.start()
+    conn = redis.Redis.from_url(server.url)
+    ret = "0f6a4f1e-8a39-4f8e-9a43-1d5a3a3b9c2e"
+    conn.lpush(keys.LOCAL, Envelope(cmd="x", dst=(99,), ret=ret).encode())
+    item = None
+    deadline_s = 20.0
+    started = time.monotonic()
+    while item is None and time.monotonic() - started < deadline_s:
+        item = conn.blpop([ret], timeout=0.5)
+    assert item is not None, one_site.sites[0].log()
+    assert Envelope.decode(item[1]).err == "all retries done: twin 99 not found"
+    assert one_site.sites[0].process is not None and one_site.sites[0].process.poll() is None
     conn.close()
