@@ -20,3 +20,7 @@ class Backoff:
             return 0.0
         nominal = min(self.max_s, self.base_s * 2 ** max(0, failures - 1))
         return float(nominal * (1 + self.jitter * self.rng.random()))
+
+
+# Waiting for Redis to come back: fast at first, then every few seconds.
+REDIS_RECONNECT = Backoff(base_s=0.1, max_s=5.0)

@@ -68,6 +68,14 @@ def main_command(
         typer.Option(min=0.0, help="Seconds before the first re-send of a failed message (then doubling)."),
     ] = 5.0,
     retry_max_delay: Annotated[float, typer.Option(min=0.0, help="Longest delay between re-sends.")] = 60.0,
+    hold_offline: Annotated[
+        bool,
+        typer.Option(
+            "--hold-offline",
+            help="Keep messages to an unreachable twin, without spending their tries, until it is back "
+            "(they still expire).",
+        ),
+    ] = False,
     drain_grace: Annotated[
         float, typer.Option(min=0.0, help="Seconds in-flight work gets on SIGTERM.")
     ] = 10.0,
@@ -94,6 +102,7 @@ def main_command(
         retry_delay_s=retry_delay,
         retry_max_delay_s=retry_max_delay,
         drain_grace_s=drain_grace,
+        hold_offline=hold_offline,
     )
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr

@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,19 +25,21 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from msgbusd import keys
-from msgbusd.backoff import Backoff
+from msgbusd.backoff import REDIS_RECONNECT, Backoff
 from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
+from msgbusd.health import PeerHealth
 from msgbusd.http_api import Door, create_app
 from msgbusd.outbox import Outbox
 from msgbusd.queues import Store
+from msgbusd.senders import Senders
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
 from twin_resolver.base import Resolver
 
 log = logging.getLogger("msgbusd")
 
-RECONNECT_BACKOFF = Backoff(base_s=0.1, max_s=5.0)
+PROBE_FLOOR_S = 0.05
 
 
 class StartupError(Exception):
@@ -53,9 +55,9 @@ class Site:
     redis: aioredis.Redis
     http: httpx.AsyncClient
     store: Store
-    handlers: Handlers
     outbox: Outbox
     door: Door
+    clock: Callable[[], float]
 
 
 def open_redis(settings: Settings) -> aioredis.Redis:
@@ -80,9 +82,22 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         raise StartupError(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from exc
+    # Accepted connections inherit this: an answer written in parts must not wait for the peer's ACK.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+def open_http(settings: Settings) -> httpx.AsyncClient:
+    """The keep-alive HTTP client to other sites."""
+    # Without TCP_NODELAY a request written in two parts (headers, body) waits for the peer's delayed ACK:
+    # 40 ms per message.
+    transport = httpx.AsyncHTTPTransport(
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60),
+    )
+    return httpx.AsyncClient(transport=transport, timeout=settings.send_timeout_s, trust_env=False)
 
 
 class _Server(uvicorn.Server):
@@ -103,6 +118,12 @@ class Daemon:
         self._scheduled = 0
         self._server: _Server | None = None
         self.ready = asyncio.Event()
+        self.senders = Senders(site.store, site.outbox, self._spawn, self._stopping)
+        self.handlers = Handlers(site.store, site.outbox, site.twin, self._kick_senders, site.clock)
+
+    def _kick_senders(self, destinations: Iterable[int]) -> None:
+        for dst in destinations:
+            self.senders.kick(dst)
 
     def stop(self) -> None:
         """First call drains; a second aborts."""
@@ -129,15 +150,18 @@ class Daemon:
             timeout_graceful_shutdown=max(1, int(settings.drain_grace_s)),
         )
         self._server = _Server(config)
-        handlers = self.site.handlers
-        consumers: dict[str, Callable[[bytes], Awaitable[None]]] = {
-            keys.LOCAL: handlers.local,
-            keys.REMOTE: handlers.remote,
-            keys.REPLY: handlers.reply,
-        }
+        handlers = self.handlers
+        # Requests are accepted one by one, in queue order, so that each destination gets them in push
+        # order; replies need no order and are handled concurrently.
+        consumers: list[tuple[str, Callable[[bytes], Awaitable[None]], bool]] = [
+            (keys.LOCAL, handlers.local, True),
+            (keys.REMOTE, handlers.remote, True),
+            (keys.REPLY, handlers.reply, False),
+        ]
+        await self.senders.resume()
         async with asyncio.TaskGroup() as group:
-            for queue, handle in consumers.items():
-                group.create_task(self._consume(queue, handle), name=f"consume {queue}")
+            for queue, handle, in_order in consumers:
+                group.create_task(self._consume(queue, handle, in_order), name=f"consume {queue}")
             group.create_task(self._timers(), name="timers")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             group.create_task(self._announce_ready(), name="ready")
@@ -199,9 +223,9 @@ class Daemon:
         except Exception:
             log.exception("%s: unexpected failure; the item stays queued", what)
 
-    async def _consume(self, queue: str, handle: Callable[[bytes], Awaitable[None]]) -> None:
+    async def _consume(self, queue: str, handle: Callable[[bytes], Awaitable[None]], in_order: bool) -> None:
         settings = self.site.settings
-        slots = asyncio.Semaphore(settings.workers)
+        slots = asyncio.Semaphore(1 if in_order else settings.workers)
         failures = 0
         while not self._stopping.is_set():
             await slots.acquire()
@@ -210,7 +234,7 @@ class Daemon:
             except (RedisError, OSError) as exc:
                 slots.release()
                 failures += 1
-                delay = RECONNECT_BACKOFF.delay_s(failures)
+                delay = REDIS_RECONNECT.delay_s(failures)
                 log.error("cannot pop %s: %s; retrying in %.1fs", queue, exc, delay)
                 await self._sleep_unless_stopping(delay)
                 continue
@@ -218,7 +242,10 @@ class Daemon:
             if raw is None:
                 slots.release()
                 continue
-            self._spawn(self._handle(handle, raw, slots), f"item from {queue}")
+            if in_order:
+                await self._guarded(self._handle(handle, raw, slots), f"item from {queue}")
+            else:
+                self._spawn(self._handle(handle, raw, slots), f"item from {queue}")
 
     async def _handle(
         self, handle: Callable[[bytes], Awaitable[None]], raw: bytes, slots: asyncio.Semaphore
@@ -234,7 +261,7 @@ class Daemon:
                     if self._stopping.is_set():
                         raise
                     failures += 1
-                    delay = RECONNECT_BACKOFF.delay_s(failures)
+                    delay = REDIS_RECONNECT.delay_s(failures)
                     log.warning("redis unreachable while handling an item (%s); again in %.1fs", exc, delay)
                     await self._sleep_unless_stopping(delay)
         finally:
@@ -296,20 +323,27 @@ async def open_site(
             raise StartupError(
                 f"no twin found for this key ({ss58_encode(signer.public_key)}): {exc}; pass --twin N"
             ) from exc
-    http = httpx.AsyncClient(
-        timeout=settings.send_timeout_s,
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60),
-        trust_env=False,
-    )
+    http = open_http(settings)
     store = Store(redis)
     backoff = Backoff(settings.retry_delay_s, settings.retry_max_delay_s)
     forwarder = Forwarder(http, resolver, signer, clock)
-    outbox = Outbox(
-        store, forwarder, twin, send_timeout_s=settings.send_timeout_s, backoff=backoff, clock=clock
+    # Probes of an absent peer are spaced like retries, but never closer than PROBE_FLOOR_S.
+    probe_backoff = Backoff(
+        max(settings.retry_delay_s, PROBE_FLOOR_S), max(settings.retry_max_delay_s, PROBE_FLOOR_S)
     )
-    handlers = Handlers(store, outbox, twin, clock)
+    health = PeerHealth(probe_backoff, probe_timeout_s=settings.send_timeout_s + 5.0)
+    outbox = Outbox(
+        store,
+        forwarder,
+        twin,
+        health,
+        send_timeout_s=settings.send_timeout_s,
+        backoff=backoff,
+        hold_offline=settings.hold_offline,
+        clock=clock,
+    )
     door = Door(store, resolver, signer, settings.freshness_s, clock)
-    return Site(settings, twin, redis, http, store, handlers, outbox, door)
+    return Site(settings, twin, redis, http, store, outbox, door, clock)
 
 
 async def close_site(site: Site) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 PROTOCOL_VERSION = 1
+# The lifetime of a request whose ``exp`` is 0.
+DEFAULT_EXP_S = 3600
 
 # Wire key -> (attribute, expected kind). Order is the wire order.
 _FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -73,6 +75,11 @@ class Envelope:
         if "dst" in changes:
             changes["dst"] = tuple(changes["dst"])
         return dataclasses.replace(self, **changes)
+
+    @property
+    def lifetime_s(self) -> int:
+        """``exp``, or the default lifetime when it is 0."""
+        return self.exp if self.exp > 0 else DEFAULT_EXP_S
 
     @property
     def payload(self) -> bytes:

@@ -2,7 +2,7 @@
 
     MsgbusError
     ├── InvalidMessage         a message fails validation (reason is one of the contract's texts)
-    ├── DeliveryError          a send to a peer failed; ``retryable`` tells whether trying again can help
+    ├── DeliveryError          a send to a peer failed; ``offline``: the peer did not answer at all
     └── RejectedRequest        the HTTP door refuses a message (status + Message)
 
 The wire texts must stay byte-identical to go-rmb's, since clients match on them.
@@ -35,12 +35,16 @@ class InvalidMessage(MsgbusError):
 
 
 class DeliveryError(MsgbusError):
-    """A POST to a peer did not get HTTP 200. ``cause`` is what the caller eventually reads."""
+    """A POST to a peer did not get HTTP 200. ``cause`` is what the caller eventually reads.
 
-    def __init__(self, cause: str, *, retryable: bool = True) -> None:
+    ``offline`` is True when the peer's site did not answer at all (no connection, timeout, cut connection,
+    or it said it cannot take messages now), as opposed to a site that refused this message.
+    """
+
+    def __init__(self, cause: str, *, offline: bool = False) -> None:
         super().__init__(cause)
         self.cause = cause
-        self.retryable = retryable
+        self.offline = offline
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from twin_resolver.base import Resolver, ResolverError
 
 REMOTE_PATH = "/zbus-remote"
 REPLY_PATH = "/zbus-reply"
+# Answers of a site that is up but cannot take messages now (e.g. its Redis is down): like no answer.
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
 
 class Forwarder:
@@ -51,12 +53,15 @@ class Forwarder:
         try:
             response = await self._http.post(url, content=signed.encode())
         except httpx.TimeoutException as exc:
-            raise DeliveryError(f"twin {twin_id} at {url} did not answer in time") from exc
+            raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
         except httpx.HTTPError as exc:
-            raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {_describe(exc)}") from exc
+            raise DeliveryError(
+                f"couldn't reach twin {twin_id} at {url}: {_describe(exc)}", offline=True
+            ) from exc
         if response.status_code != 200:
             raise DeliveryError(
-                f"twin {twin_id} refused the message: {response.status_code} {_error_message(response)}"
+                f"twin {twin_id} refused the message: {response.status_code} {_error_message(response)}",
+                offline=response.status_code in UNAVAILABLE_STATUSES,
             )
 
 

@@ -7,16 +7,15 @@ from where the next start of the daemon takes it again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage
-from msgbusd.outbox import Outbox, destination_of, effective_exp_s
-from msgbusd.queues import PendingRequest, Store
+from msgbusd.outbox import Outbox, destination_of
+from msgbusd.queues import Store
 from msgbusd.validation import validate
 
 log = logging.getLogger("msgbusd.handlers")
@@ -24,11 +23,17 @@ log = logging.getLogger("msgbusd.handlers")
 
 class Handlers:
     def __init__(
-        self, store: Store, outbox: Outbox, twin: int, clock: Callable[[], float] = time.time
+        self,
+        store: Store,
+        outbox: Outbox,
+        twin: int,
+        on_accepted: Callable[[Iterable[int]], None],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._outbox = outbox
         self._twin = twin
+        self._on_accepted = on_accepted
         self._clock = clock
 
     async def _decode(self, queue: str, raw: bytes) -> Envelope | None:
@@ -54,12 +59,12 @@ class Handlers:
         # A local client cannot ask for the proxy flow; honouring it would loop the reply back here.
         original = env.replace(now=int(now), src=self._twin, pxy=False, sig="")
         uids = await self._store.next_uids(env.dst)
-        deadline = now + effective_exp_s(env)
-        encoded = original.encode()
-        pending = [PendingRequest(uid, encoded, deadline) for uid in uids]
-        await self._store.accept_request(raw, pending, self._outbox.lease_until())
-        log.debug("accepted request cmd=%s ret=%s uids=%s", env.cmd, env.ret, ",".join(uids))
-        await asyncio.gather(*(self._outbox.attempt_request(uid, original) for uid in uids))
+        deadline = now + env.lifetime_s
+        if await self._store.accept_request(
+            raw, original.encode(), deadline, list(zip(uids, env.dst, strict=True))
+        ):
+            log.debug("accepted request cmd=%s ret=%s uids=%s", env.cmd, env.ret, ",".join(uids))
+            self._on_accepted(env.dst)
 
     async def _refuse_local(self, raw: bytes, env: Envelope, exc: InvalidMessage) -> None:
         if not env.ret or keys.is_system_queue(env.ret):
@@ -67,7 +72,7 @@ class Handlers:
             log.error("dead-lettered local request cmd=%r without a usable return queue: %s", env.cmd, exc)
             return
         error = env.replace(err=exc.wire_text, src=self._twin, now=int(self._clock()))
-        await self._store.push_to_return_queue(env.ret, error.encode(), ack=(keys.LOCAL, raw))
+        await self._store.hand_to_caller(keys.LOCAL, raw, env.ret, error.encode())
         log.info("refused local request cmd=%r ret=%s: %s", env.cmd, env.ret, exc.wire_text)
 
     # --- msgbus.system.remote: requests from other sites, to run here -------------------------------------
@@ -117,7 +122,7 @@ class Handlers:
             await self._store.dead_letter(queue, raw, "proxy reply without a client return queue")
             log.error("dead-lettered proxy reply uid=%s: no client return queue", env.uid)
             return
-        await self._store.push_to_return_queue(env.ret, env.encode(), ack=(queue, raw))
+        await self._store.hand_to_caller(queue, raw, env.ret, env.encode())
         log.debug("proxy reply uid=%s stored in %s", env.uid, env.ret)
 
     async def _deliver_reply(self, queue: str, raw: bytes, env: Envelope) -> None:
@@ -154,6 +159,7 @@ class Handlers:
         now = self._clock()
         key = keys.reply_key(env.dst[0], env.uid)
         payload = env.replace(sig="")
-        state = {"first": now, "attempts": 0, "deadline": now + effective_exp_s(env)}
-        await self._store.accept_reply(queue, raw, key, payload.encode(), state, self._outbox.lease_until())
-        await self._outbox.attempt_reply(key, payload, state)
+        state = {"first": now, "attempts": 0, "deadline": now + env.lifetime_s}
+        lease = self._outbox.lease_until()
+        if await self._store.accept_reply(queue, raw, key, payload.encode(), state, lease):
+            await self._outbox.attempt_reply(key, payload, state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import logging
 import time
@@ -74,7 +75,12 @@ class Door:
 def create_app(door: Door) -> Starlette:
     async def remote(request: Request) -> Response:
         env = await door.verified(request)
-        await door.store.push(keys.REMOTE, env.encode())
+        if not env.uid:
+            await door.store.push(keys.REMOTE, env.encode())
+        elif not await door.store.accept_remote(
+            env.src, seen_id(env), dedup_ttl_s(env, door.freshness_s), env.encode()
+        ):
+            log.info("request uid=%s from twin %s was already accepted; not queued again", env.uid, env.src)
         return _accepted()
 
     async def reply(request: Request) -> Response:
@@ -109,6 +115,17 @@ def create_app(door: Door) -> Starlette:
         Route("/zbus-result", _Endpoint(result)),
     ]
     return Starlette(routes=routes)
+
+
+def seen_id(env: Envelope) -> str:
+    """What identifies one request from a twin: its uid, and a digest of its command and payload."""
+    digest = hashlib.md5(f"{env.cmd}\n{env.dat}".encode(), usedforsecurity=False).hexdigest()[:16]
+    return f"{env.uid}.{digest}"
+
+
+def dedup_ttl_s(env: Envelope, freshness_s: float) -> int:
+    """How long a re-send of ``env`` may still arrive: the sender re-sends it until its lifetime ends."""
+    return env.lifetime_s + int(freshness_s)
 
 
 def _accepted() -> Response:

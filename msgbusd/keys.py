@@ -46,9 +46,12 @@ def processing(queue: str) -> str:
     return f"{queue}.processing"
 
 
-# zset: member "req:<uid>" or "rep:<key>" -> unix time (float s) when that send is next due. A send in
-# flight is leased by pushing its due time past the HTTP timeout, so a crash mid-send is retried later.
+# zset: member "req:<uid>" (a request's re-send) or "rep:<key>" (a reply to forward) -> unix time (float s)
+# when that send is next due. A send in flight is leased by pushing its due time past the HTTP timeout, so
+# a crash mid-send is retried later.
 OUTBOX = "msgbus.system.outbox"
+# set: destination twins whose send queue is not empty; read at start-up to resume sending.
+DESTINATIONS = "msgbus.system.destinations"
 # hash: uid -> failed delivery attempts of that request so far.
 ATTEMPTS = "msgbus.system.attempts"
 # zset: uid -> unix time (s) after which the request expires (send time + exp).
@@ -61,6 +64,25 @@ REPLY_STATE = "msgbus.system.replies.state"
 DEAD_LETTER = "msgbus.system.deadletter"
 # How many dead letters are kept (oldest trimmed).
 DEAD_LETTER_MAX = 10_000
+
+
+def send_queue(dst: int) -> str:
+    """list: uids of requests to twin ``dst`` not yet sent once, in the order they were accepted.
+
+    The daemon's sender for ``dst`` reads the head, sends it, then pops it: a crash in between re-sends it,
+    which the receiver's de-duplication absorbs.
+    """
+    return f"msgbus.system.send.{dst}"
+
+
+def seen(src: int, seen_id: str) -> str:
+    """string, with a TTL of the request's lifetime: the receiver already queued this request from ``src``.
+
+    ``seen_id`` is the uid plus a digest of the command and payload, so that a sender whose counters were
+    reset (a Redis without persistence) cannot have new requests mistaken for old ones.
+    """
+    return f"msgbus.system.seen.{src}.{seen_id}"
+
 
 REQUEST_PREFIX = "req:"
 REPLY_PREFIX = "rep:"

@@ -1,8 +1,8 @@
-"""Sending to other sites, retrying what failed, and expiring what waited too long.
+"""Sending requests and replies to other sites, retrying what failed, and expiring what waited too long.
 
-The outbox sorted set is the durable record of every send still to be done. A send in flight is leased
-(its due time pushed past the HTTP timeout), so if the daemon dies mid-send the retry timer picks it up
-again after the lease; a finished send removes its member.
+First attempts of requests go out in order through each destination's send queue (:mod:`msgbusd.senders`).
+Re-sends and replies to forward live in the outbox sorted set by due time; a send in flight is leased (its
+due time pushed past the HTTP timeout), so if the daemon dies mid-send the timer takes it up again later.
 """
 
 from __future__ import annotations
@@ -17,19 +17,15 @@ from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import DeliveryError, all_retries_done_text, expired_text
 from msgbusd.forwarder import REMOTE_PATH, REPLY_PATH, Forwarder
+from msgbusd.health import PeerHealth
 from msgbusd.queues import Store, reply_member, request_member
 
 log = logging.getLogger("msgbusd.outbox")
 
-DEFAULT_EXP_S = 3600
 # Members claimed per timer tick; the rest wait for the next tick.
 CLAIM_BATCH = 500
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
-
-
-def effective_exp_s(env: Envelope) -> int:
-    return env.exp if env.exp > 0 else DEFAULT_EXP_S
 
 
 def destination_of(uid: str) -> int | None:
@@ -49,14 +45,18 @@ class Outbox:
         store: Store,
         forwarder: Forwarder,
         twin: int,
+        health: PeerHealth,
         *,
         send_timeout_s: float,
         backoff: Backoff,
+        hold_offline: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._forwarder = forwarder
         self._twin = twin
+        self.health = health
+        self.hold_offline = hold_offline
         self._lease_s = send_timeout_s + 5.0
         self._backoff = backoff
         self._clock = clock
@@ -81,23 +81,30 @@ class Outbox:
             sig="",
         )
 
-    async def attempt_request(self, uid: str, original: Envelope, failures: int = 0) -> None:
-        """One delivery attempt of request ``uid``; on failure, schedule a retry or give the final error."""
+    async def deliver(self, uid: str, original: Envelope, failures: int) -> DeliveryError | None:
+        """One send of request ``uid``; returns what went wrong, or None once the peer has it."""
         env = self.forwarded_copy(original, uid, failures)
+        dst = env.dst[0]
         try:
             await self._forwarder.send(env, REMOTE_PATH)
         except DeliveryError as exc:
-            await self._request_failed(uid, original, exc.cause)
-            return
-        await self._store.sent(request_member(uid))
-        log.debug("sent request uid=%s cmd=%s to twin %s", uid, env.cmd, env.dst[0])
+            if exc.offline:
+                self.health.unreachable(dst, exc.cause)
+            return exc
+        self.health.succeeded(dst)
+        log.debug("sent request uid=%s cmd=%s to twin %s", uid, env.cmd, dst)
+        return None
 
-    async def _request_failed(self, uid: str, original: Envelope, cause: str) -> None:
+    def unreachable_cause(self, dst: int) -> str:
+        return f"twin {dst} is unreachable ({self.health.last_cause(dst)})"
+
+    async def failed(self, uid: str, original: Envelope, cause: str) -> None:
+        """Count a failed attempt; schedule the next one, or give the caller the final error."""
         failures = await self._store.record_failure(uid)
         dst = destination_of(uid)
         if failures <= original.retries:
             delay = self._backoff.delay_s(failures)
-            if await self._store.reschedule(request_member(uid), self._clock() + delay):
+            if await self._store.schedule_retry(uid, self._clock() + delay):
                 log.info(
                     "send of uid=%s to twin %s failed (%s); retry %d/%d in %.1fs",
                     uid,
@@ -119,24 +126,54 @@ class Outbox:
                 cause,
             )
 
+    async def _resend_request(self, uid: str) -> None:
+        original = await self.load_original(uid)
+        if original is None:
+            return
+        member = request_member(uid)
+        dst = destination_of(uid) or 0
+        if not self.health.may_send(dst):
+            if self.hold_offline:
+                await self._store.reschedule(member, self._clock() + self.health.seconds_until_probe(dst))
+            else:
+                await self.failed(uid, original, self.unreachable_cause(dst))
+            return
+        error = await self.deliver(uid, original, await self._store.failures(uid))
+        if error is None:
+            await self._store.sent(member)
+        elif error.offline and self.hold_offline:
+            await self._store.reschedule(member, self._clock() + self.health.seconds_until_probe(dst))
+        else:
+            await self.failed(uid, original, error.cause)
+
     # --- replies -----------------------------------------------------------------------------------------
 
     async def attempt_reply(self, key: str, env: Envelope, state: dict[str, float]) -> None:
         """One attempt to forward a service's reply to the twin that asked."""
+        dst = env.dst[0]
+        if not self.health.may_send(dst):
+            await self._store.reschedule(
+                reply_member(key), self._clock() + self.health.seconds_until_probe(dst)
+            )
+            return
         try:
             await self._forwarder.send(env, REPLY_PATH)
         except DeliveryError as exc:
+            if exc.offline:
+                self.health.unreachable(dst, exc.cause)
             await self._reply_failed(key, env, state, exc.cause)
             return
+        self.health.succeeded(dst)
         await self._store.forget_reply(key)
-        log.debug("sent reply uid=%s cmd=%s to twin %s", env.uid, env.cmd, env.dst[0])
+        log.debug("sent reply uid=%s cmd=%s to twin %s", env.uid, env.cmd, dst)
 
     async def _reply_failed(self, key: str, env: Envelope, state: dict[str, float], cause: str) -> None:
         attempts = int(state.get("attempts", 0)) + 1
         now = self._clock()
         if now >= state.get("deadline", now):
+            # The requester has given its caller a timeout by now; keep the reply for the operator.
             await self._store.forget_reply(key)
-            await self._store.dead_letter(
+            await self._store.set_aside(
                 keys.REPLY, env.encode(), f"gave up forwarding reply after {attempts} attempts: {cause}"
             )
             log.error("gave up forwarding reply uid=%s to twin %s: %s", env.uid, env.dst[0], cause)
@@ -147,10 +184,24 @@ class Outbox:
         await self._store.reschedule(reply_member(key), now + delay)
         log.info("reply uid=%s to twin %s failed (%s); retry in %.1fs", env.uid, env.dst[0], cause, delay)
 
+    async def _resend_reply(self, key: str) -> None:
+        pending = await self._store.pending_reply(key)
+        if pending is None:
+            await self._store.forget_reply(key)
+            return
+        payload, state = pending
+        try:
+            env = Envelope.decode(payload)
+        except EnvelopeDecodeError as exc:
+            await self._store.forget_reply(key)
+            log.error("dropped unreadable pending reply %s: %s", key, exc.reason)
+            return
+        await self.attempt_reply(key, env, state)
+
     # --- timers ------------------------------------------------------------------------------------------
 
     async def run_due(self, spawn: Spawn, limit: int = CLAIM_BATCH) -> int:
-        """Start the sends whose time has come, at most ``limit``; returns how many."""
+        """Start the re-sends whose time has come, at most ``limit``; returns how many."""
         members = await self._store.claim_due(self._clock(), self.lease_until(), min(limit, CLAIM_BATCH))
         for member in members:
             spawn(self._resend(member))
@@ -158,24 +209,9 @@ class Outbox:
 
     async def _resend(self, member: str) -> None:
         if member.startswith(keys.REQUEST_PREFIX):
-            uid = member.removeprefix(keys.REQUEST_PREFIX)
-            original = await self._load_original(uid)
-            if original is not None:
-                await self.attempt_request(uid, original, await self._store.failures(uid))
+            await self._resend_request(member.removeprefix(keys.REQUEST_PREFIX))
         elif member.startswith(keys.REPLY_PREFIX):
-            key = member.removeprefix(keys.REPLY_PREFIX)
-            pending = await self._store.pending_reply(key)
-            if pending is None:
-                await self._store.forget_reply(key)
-                return
-            payload, state = pending
-            try:
-                env = Envelope.decode(payload)
-            except EnvelopeDecodeError as exc:
-                await self._store.forget_reply(key)
-                log.error("dropped unreadable pending reply %s: %s", key, exc.reason)
-                return
-            await self.attempt_reply(key, env, state)
+            await self._resend_reply(member.removeprefix(keys.REPLY_PREFIX))
         else:
             await self._store.sent(member)
             log.error("dropped unknown outbox entry %r", member)
@@ -185,10 +221,10 @@ class Outbox:
         uids = await self._store.due_deadlines(self._clock(), CLAIM_BATCH)
         expired = 0
         for uid in uids:
-            original = await self._load_original(uid)
+            original = await self.load_original(uid)
             if original is None:
                 continue
-            exp_s = effective_exp_s(original)
+            exp_s = original.lifetime_s
             error = original.replace(
                 uid=uid, src=destination_of(uid) or 0, err=expired_text(exp_s), now=int(self._clock())
             )
@@ -199,8 +235,8 @@ class Outbox:
                 )
         return expired
 
-    async def _load_original(self, uid: str) -> Envelope | None:
-        """The backlog entry of ``uid``; cleans up after a request that is already finished."""
+    async def load_original(self, uid: str) -> Envelope | None:
+        """The backlog entry of ``uid``, or None (bookkeeping cleaned) if it already has an outcome."""
         entry = await self._store.backlog_entry(uid)
         if entry is None:
             await self._store.forget_request(uid)

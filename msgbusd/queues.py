@@ -1,8 +1,9 @@
-"""All of msgbusd's Redis I/O: reliable pops, atomic hand-offs, the backlog, the outbox and the deadlines.
+"""All of msgbusd's Redis I/O: reliable pops, atomic hand-offs, the backlog, the send queues and timers.
 
-Every item popped from a queue is moved atomically into that queue's processing list and removed from there
-only in the same MULTI/EXEC (or Lua script) that makes its hand-off durable. Whatever a killed daemon held is
-moved back to the head of its queue at start-up.
+Every item popped from a queue is moved atomically into that queue's processing list. Each hand-off is one
+Lua script that starts by removing the item from the processing list and does nothing if it was not there,
+so a hand-off retried after a lost Redis answer cannot happen twice. Whatever a killed daemon held is moved
+back to the head of its queue at start-up.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -26,21 +26,83 @@ end
 return moved
 """
 
+# KEYS: processing, target. ARGV: raw item, payload, ttl seconds (0 = none).
+_HAND_OVER = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[2], ARGV[3]) end
+return 1
+"""
+
+# KEYS: processing, dead-letter list. ARGV: raw item, record, max kept.
+_DEAD_LETTER = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
+return 1
+"""
+
+# KEYS: processing, backlog, deadlines, destinations set, then one send queue per uid.
+# ARGV: raw item, original request, deadline, then (uid, destination) pairs.
+_ACCEPT_REQUEST = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+for i = 5, #KEYS do
+  local uid = ARGV[4 + (i - 5) * 2]
+  redis.call('HSET', KEYS[2], uid, ARGV[2])
+  redis.call('ZADD', KEYS[3], ARGV[3], uid)
+  redis.call('RPUSH', KEYS[i], uid)
+  redis.call('SADD', KEYS[4], ARGV[5 + (i - 5) * 2])
+end
+return 1
+"""
+
+# KEYS: processing, replies, reply state, outbox. ARGV: raw item, key, payload, state, lease end, member.
+_ACCEPT_REPLY = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+return 1
+"""
+
+# The receiving side of /zbus-remote: queue a request once per (source twin, uid, content).
+# KEYS: seen marker, remote queue. ARGV: ttl seconds, payload.
+_ACCEPT_REMOTE = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 # The single place where a request gets its final outcome. The HDEL on the backlog is the claim: whoever
 # removes the entry delivers, everybody else (a late reply, a duplicate, the expiry timer) delivers nothing.
 # KEYS: backlog, deadlines, outbox, attempts, ret, processing list (or "" when the caller popped nothing).
 # ARGV: uid, payload, ttl seconds (0 = none), outbox member, processed raw item (when KEYS[6] is set).
 _FINISH = """
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then
-  if KEYS[6] ~= '' then redis.call('LREM', KEYS[6], 1, ARGV[5]) end
-  return 0
-end
+if KEYS[6] ~= '' then redis.call('LREM', KEYS[6], 1, ARGV[5]) end
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[4])
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('LPUSH', KEYS[5], ARGV[2])
 if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[5], ARGV[3]) end
-if KEYS[6] ~= '' then redis.call('LREM', KEYS[6], 1, ARGV[5]) end
+return 1
+"""
+
+# A retry is scheduled only for a request that has no outcome yet. KEYS: backlog, outbox.
+# ARGV: uid, member, due time.
+_SCHEDULE_RETRY = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+return 1
+"""
+
+# Removes the head of a destination's send queue if it is still ``uid``; forgets an emptied queue.
+# KEYS: send queue, destinations set. ARGV: uid, destination.
+_DROP_HEAD = """
+if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1]) end
+if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[2]) end
 return 1
 """
 
@@ -55,18 +117,19 @@ return due
 """
 
 
-@dataclass(frozen=True)
-class PendingRequest:
-    """One destination of an accepted local request: what the backlog, deadline and outbox record."""
-
-    uid: str
-    original: bytes
-    deadline: float
-
-
 def _item(raw: bytes) -> str:
     """redis-py's stubs type list values as str; raw bytes go over the wire unchanged."""
     return cast(str, raw)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _letter(queue: str, raw: bytes, reason: str) -> str:
+    return json.dumps(
+        {"queue": queue, "reason": reason, "raw": raw.decode("utf-8", "replace"), "at": time.time()}
+    )
 
 
 def request_member(uid: str) -> str:
@@ -83,7 +146,14 @@ class Store:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
         self._recover = redis.register_script(_RECOVER)
+        self._hand_over = redis.register_script(_HAND_OVER)
+        self._dead_letter = redis.register_script(_DEAD_LETTER)
+        self._accept_request = redis.register_script(_ACCEPT_REQUEST)
+        self._accept_reply = redis.register_script(_ACCEPT_REPLY)
+        self._accept_remote = redis.register_script(_ACCEPT_REMOTE)
         self._finish = redis.register_script(_FINISH)
+        self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
+        self._drop_head = redis.register_script(_DROP_HEAD)
         self._claim_due = redis.register_script(_CLAIM_DUE)
 
     # --- reliable queues -------------------------------------------------------------------------------
@@ -102,43 +172,44 @@ class Store:
         await self.redis.lrem(keys.processing(queue), 1, _item(raw))
 
     async def dead_letter(self, queue: str, raw: bytes, reason: str) -> None:
-        """Keep an item that cannot be handled, with the reason, for an operator to look at."""
-        record = json.dumps(
-            {"queue": queue, "reason": reason, "raw": raw.decode("utf-8", "replace"), "at": time.time()}
+        """Set aside an item popped from ``queue`` that cannot be handled, with the reason, and ack it."""
+        await self._dead_letter(
+            keys=[keys.processing(queue), keys.DEAD_LETTER],
+            args=[raw, _letter(queue, raw, reason), keys.DEAD_LETTER_MAX],
         )
+
+    async def set_aside(self, queue: str, raw: bytes, reason: str) -> None:
+        """Put a message the daemon gives up on (not a popped item) on the dead-letter list."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(keys.DEAD_LETTER, record)
+            pipe.lpush(keys.DEAD_LETTER, _letter(queue, raw, reason))
             pipe.ltrim(keys.DEAD_LETTER, 0, keys.DEAD_LETTER_MAX - 1)
-            pipe.lrem(keys.processing(queue), 1, _item(raw))
             await pipe.execute()
 
-    async def hand_over(self, queue: str, raw: bytes, target: str, payload: bytes) -> None:
-        """Push ``payload`` onto ``target`` and ack ``raw`` in one transaction."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(target, payload)
-            pipe.lrem(keys.processing(queue), 1, _item(raw))
-            await pipe.execute()
+    async def hand_over(self, queue: str, raw: bytes, target: str, payload: bytes) -> bool:
+        """LPUSH ``payload`` onto the list ``target`` and ack ``raw``, atomically; False if ``raw`` had
+        already been handed over."""
+        done = await self._hand_over(keys=[keys.processing(queue), target], args=[raw, payload, 0])
+        return bool(done)
 
-    async def push_to_return_queue(
-        self, ret: str, payload: bytes, *, ack: tuple[str, bytes] | None = None
-    ) -> None:
-        """LPUSH to a client's return list and refresh its TTL (never on a system queue)."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(ret, payload)
-            if not keys.is_system_queue(ret):
-                pipe.expire(ret, keys.RETURN_QUEUE_TTL_S)
-            if ack is not None:
-                pipe.lrem(keys.processing(ack[0]), 1, _item(ack[1]))
-            await pipe.execute()
+    async def hand_to_caller(self, queue: str, raw: bytes, ret: str, payload: bytes) -> bool:
+        """Like :meth:`hand_over`, onto a caller's return queue: refreshes its TTL (unless a system queue)."""
+        ttl = 0 if keys.is_system_queue(ret) else keys.RETURN_QUEUE_TTL_S
+        done = await self._hand_over(keys=[keys.processing(queue), ret], args=[raw, payload, ttl])
+        return bool(done)
 
     async def push(self, queue: str, payload: bytes) -> None:
-        """RPUSH onto a system queue (what the HTTP endpoints do)."""
+        """RPUSH onto a system queue."""
         await self.redis.rpush(queue, payload)
+
+    async def accept_remote(self, src: int, seen_id: str, ttl_s: int, payload: bytes) -> bool:
+        """Queue a request from another site unless the same one was accepted within ``ttl_s``."""
+        done = await self._accept_remote(keys=[keys.seen(src, seen_id), keys.REMOTE], args=[ttl_s, payload])
+        return bool(done)
 
     async def read_list(self, key: str) -> list[bytes]:
         return cast(list[bytes], await self.redis.lrange(key, 0, -1))
 
-    # --- requests: uids, backlog, outbox, deadlines ------------------------------------------------------
+    # --- requests: uids, backlog, send queues, deadlines -------------------------------------------------
 
     async def next_uids(self, destinations: Sequence[int]) -> list[str]:
         """One ``<dst>.<n>`` per destination, n from ``INCR msgbus.counter.<dst>``."""
@@ -148,22 +219,31 @@ class Store:
             counters = await pipe.execute()
         return [f"{dst}.{n}" for dst, n in zip(destinations, counters, strict=True)]
 
-    async def accept_request(self, raw: bytes, pending: Sequence[PendingRequest], lease_until: float) -> None:
-        """Record every destination (backlog, deadline, leased outbox entry) and ack the item, atomically."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for item in pending:
-                pipe.hset(keys.BACKLOG, item.uid, item.original)
-                pipe.zadd(keys.DEADLINES, {item.uid: item.deadline})
-                pipe.zadd(keys.OUTBOX, {request_member(item.uid): lease_until})
-            pipe.lrem(keys.processing(keys.LOCAL), 1, _item(raw))
-            await pipe.execute()
+    async def accept_request(
+        self, raw: bytes, original: bytes, deadline: float, uids: Sequence[tuple[str, int]]
+    ) -> bool:
+        """Record a local request for each ``(uid, destination)`` (backlog, deadline, send queue) and ack
+        ``raw``, atomically; False if ``raw`` had already been accepted."""
+        script_keys = [keys.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
+        script_keys += [keys.send_queue(dst) for _uid, dst in uids]
+        args: list[Any] = [raw, original, deadline]
+        for uid, dst in uids:
+            args += [uid, dst]
+        return bool(await self._accept_request(keys=script_keys, args=args))
+
+    async def pending_destinations(self) -> list[int]:
+        """Destinations whose send queue is not empty (what a previous run left to send)."""
+        return sorted(int(_text(d)) for d in await self.redis.smembers(keys.DESTINATIONS))
+
+    async def send_queue_head(self, dst: int) -> str | None:
+        head = await self.redis.lindex(keys.send_queue(dst), 0)
+        return None if head is None else _text(head)
+
+    async def drop_send_queue_head(self, dst: int, uid: str) -> None:
+        await self._drop_head(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[uid, dst])
 
     async def backlog_entry(self, uid: str) -> bytes | None:
         return cast(bytes | None, await self.redis.hget(keys.BACKLOG, uid))
-
-    async def sent(self, member: str) -> None:
-        """A send succeeded: forget its outbox entry."""
-        await self.redis.zrem(keys.OUTBOX, member)
 
     async def record_failure(self, uid: str) -> int:
         """Count a failed attempt of request ``uid``; returns the failures so far."""
@@ -173,19 +253,29 @@ class Store:
         value = await self.redis.hget(keys.ATTEMPTS, uid)
         return int(value) if value is not None else 0
 
-    async def reschedule(self, member: str, due: float) -> bool:
-        """Set the next due time of an outbox entry that still exists; False if it was finished meanwhile."""
-        changed = await self.redis.zadd(keys.OUTBOX, {member: due}, xx=True, ch=True)
-        return bool(changed) or await self.redis.zscore(keys.OUTBOX, member) is not None
+    async def schedule_retry(self, uid: str, due: float) -> bool:
+        """Schedule a re-send of request ``uid``; False if it already has its outcome."""
+        done = await self._schedule_retry(
+            keys=[keys.BACKLOG, keys.OUTBOX], args=[uid, request_member(uid), due]
+        )
+        return bool(done)
+
+    async def reschedule(self, member: str, due: float) -> None:
+        """Move an outbox entry that still exists to a new due time."""
+        await self.redis.zadd(keys.OUTBOX, {member: due}, xx=True)
+
+    async def sent(self, member: str) -> None:
+        """A scheduled send succeeded: forget its outbox entry."""
+        await self.redis.zrem(keys.OUTBOX, member)
 
     async def claim_due(self, now: float, lease_until: float, limit: int) -> list[str]:
         """Outbox members due by ``now``, leased until ``lease_until`` so no one else takes them."""
         members = await self._claim_due(keys=[keys.OUTBOX], args=[now, lease_until, limit])
-        return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+        return [_text(m) for m in members]
 
     async def due_deadlines(self, now: float, limit: int) -> list[str]:
         found = await self.redis.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit)
-        return [m.decode() if isinstance(m, bytes) else str(m) for m in found]
+        return [_text(m) for m in found]
 
     async def finish(
         self, uid: str, ret: str, payload: bytes, *, ack: tuple[str, bytes] | None = None
@@ -213,14 +303,13 @@ class Store:
 
     async def accept_reply(
         self, queue: str, raw: bytes, key: str, payload: bytes, state: dict[str, float], lease_until: float
-    ) -> None:
-        """Record a reply to forward (payload, state, leased outbox entry) and ack ``raw`` from ``queue``."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.REPLIES, key, payload)
-            pipe.hset(keys.REPLY_STATE, key, json.dumps(state))
-            pipe.zadd(keys.OUTBOX, {reply_member(key): lease_until})
-            pipe.lrem(keys.processing(queue), 1, _item(raw))
-            await pipe.execute()
+    ) -> bool:
+        """Record a reply to forward (payload, state, leased outbox entry) and ack ``raw``, atomically."""
+        done = await self._accept_reply(
+            keys=[keys.processing(queue), keys.REPLIES, keys.REPLY_STATE, keys.OUTBOX],
+            args=[raw, key, payload, json.dumps(state), lease_until, reply_member(key)],
+        )
+        return bool(done)
 
     async def pending_reply(self, key: str) -> tuple[bytes, dict[str, float]] | None:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -41,5 +41,7 @@ class Settings:
     redis_socket_timeout_s: float = 10.0
     # Time given to in-flight work after the first SIGTERM before it is left for the next start.
     drain_grace_s: float = 10.0
+    # Keep messages to an unreachable twin (without spending their tries) until it is back or they expire.
+    hold_offline: bool = False
     resolver_ttl_s: float = 300.0
     handle_signals: bool = True

@@ -122,6 +122,40 @@ async def test_signed_message_is_accepted_and_queued(
     assert [Envelope.decode(item) for item in queued] == [env]
 
 
+async def test_a_resent_request_is_accepted_but_queued_once(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, ed_signer: Signer, clock: FixedClock
+) -> None:
+    first = request_from(ed_signer, ED_TWIN, uid="1.5")
+    clock.now += 3
+    again = request_from(ed_signer, ED_TWIN, uid="1.5", now=NOW + 3)
+    assert first.sig != again.sig
+    for env in (first, again):
+        response = await http.post("/zbus-remote", content=env.encode())
+        assert response.status_code == 200
+        assert response.content == b'{"status": "accepted"}'
+    assert await async_redis.llen(keys.REMOTE) == 1
+
+
+async def test_the_same_uid_with_other_content_or_from_another_twin_is_a_new_request(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, ed_signer: Signer, sr_signer: Signer
+) -> None:
+    for env in (
+        request_from(ed_signer, ED_TWIN, uid="1.6"),
+        request_from(ed_signer, ED_TWIN, uid="1.6", dat="e31="),
+        request_from(sr_signer, SR_TWIN, uid="1.6"),
+    ):
+        assert (await http.post("/zbus-remote", content=env.encode())).status_code == 200
+    assert await async_redis.llen(keys.REMOTE) == 3
+
+
+async def test_the_duplicate_marker_lives_as_long_as_the_request(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, ed_signer: Signer
+) -> None:
+    await http.post("/zbus-remote", content=request_from(ed_signer, ED_TWIN, uid="1.7", exp=30).encode())
+    (marker,) = await async_redis.keys(keys.seen(ED_TWIN, "1.7.*"))
+    assert 30 < await async_redis.ttl(marker) <= 30 + 60
+
+
 async def test_sr25519_signatures_are_accepted(
     http: httpx.AsyncClient, async_redis: aioredis.Redis, sr_signer: Signer
 ) -> None:

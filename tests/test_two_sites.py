@@ -200,6 +200,14 @@ def test_ts_style_service_replying_to_ret(cluster: LocalCluster, site1: redis.Re
     assert reply.payload == b"via ret"
 
 
+def test_rpush_producers_are_served_in_push_order(cluster: LocalCluster, site1: redis.Redis) -> None:
+    with RawService(cluster.redis[1].url, "echo.order") as service:
+        rets = [push_request(site1, [2], "echo.order", str(i).encode(), rpush=True) for i in range(200)]
+        for ret in rets:
+            pop_replies(site1, ret, 1)
+    assert [r.payload for r in service.requests] == [str(i).encode() for i in range(200)]
+
+
 def test_invalid_local_requests_get_clear_errors(cluster: LocalCluster, site1: redis.Redis) -> None:
     ret = str(uuid.uuid4())
     site1.lpush(keys.LOCAL, Envelope(ver=2, cmd="x", dst=(2,), ret=ret).encode())
@@ -313,5 +321,62 @@ def test_sites_keep_http_connections_alive() -> None:
         assert proxy.connections <= 5
     finally:
         proxy.close()
+        site1.close()
+        cluster.cleanup()
+
+
+@pytest.mark.slow
+def test_without_hold_offline_an_absent_peer_fails_fast_and_spends_the_tries() -> None:
+    cluster = LocalCluster(size=2, extra_args=["--retry-delay", "0.1", "--retry-max-delay", "0.2"]).start()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        cluster.sites[1].stop()
+        rets = [push_request(site1, [2], "echo.gone", str(i).encode(), retries=2) for i in range(30)]
+        errors = [pop_replies(site1, ret, 1)[0].err for ret in rets]
+        assert all(e.startswith("all retries done: ") for e in errors), errors
+        # Once the circuit is open, messages fail without waiting on the network, naming the last cause.
+        assert any("twin 2 is unreachable (couldn't reach twin 2 at" in e for e in errors), errors
+        wait_until(lambda: backlog_drained(site1), what="the backlog to drain")
+    finally:
+        site1.close()
+        cluster.cleanup()
+
+
+@pytest.mark.slow
+def test_hold_offline_keeps_messages_for_an_absent_peer_and_delivers_them_in_order() -> None:
+    args = ["--retry-delay", "0.1", "--retry-max-delay", "0.3", "--hold-offline"]
+    cluster = LocalCluster(size=2, extra_args=args).start()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        cluster.sites[1].stop()
+        # try=0: without --hold-offline each of these would fail at its first attempt.
+        rets = [push_request(site1, [2], "echo.held", str(i).encode(), rpush=True) for i in range(50)]
+        wait_until(lambda: "holding messages to twin 2" in cluster.sites[0].log(), what="the sender to hold")
+        assert all(site1.llen(ret) == 0 for ret in rets)
+        with RawService(cluster.redis[1].url, "echo.held") as service:
+            cluster.sites[1].start()
+            replies = [pop_replies(site1, ret, 1)[0] for ret in rets]
+        assert [r.err for r in replies] == [""] * 50
+        assert [r.payload for r in service.requests] == [str(i).encode() for i in range(50)]
+        assert max(service.executions.values()) == 1
+    finally:
+        site1.close()
+        cluster.cleanup()
+
+
+@pytest.mark.slow
+def test_held_messages_still_expire() -> None:
+    cluster = LocalCluster(size=2, extra_args=["--retry-delay", "0.1", "--hold-offline"]).start()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        cluster.sites[1].stop()
+        rets = [push_request(site1, [2], "echo.held.exp", exp=1) for _ in range(5)]
+        assert [pop_replies(site1, ret, 1)[0].err for ret in rets] == [
+            "request timeout (expiration reached, 1)"
+        ] * 5
+        wait_until(
+            lambda: backlog_drained(site1) and site1.llen(keys.send_queue(2)) == 0, what="a clean backlog"
+        )
+    finally:
         site1.close()
         cluster.cleanup()
