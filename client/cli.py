@@ -110,6 +110,12 @@ def serve(
     program: Annotated[str, typer.Option("--exec", metavar="PROGRAM", help="Program run per request.")],
     workers: Annotated[int, typer.Option("--workers", min=1, metavar="N", help="Concurrent requests.")] = 1,
     burst: Annotated[bool, typer.Option("--burst", help="Exit once the queue is empty.")] = False,
+    name: Annotated[
+        str,
+        typer.Option(
+            "--name", help="This service's name; give each process serving CMD its own (crash recovery)."
+        ),
+    ] = "default",
     redis_url: RedisOption = DEFAULT_REDIS_URL,
 ) -> None:
     """Serve CMD: run PROGRAM (shell-like split, no shell) per request, payload on stdin.
@@ -123,7 +129,7 @@ def serve(
     with _client(redis_url) as client:
         client.ping()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    service = Service(redis_url, workers=workers)
+    service = Service(redis_url, workers=workers, name=name)
     service.register(cmd, handler)
     with _redis_errors(redis_url):
         service.run(burst=burst)

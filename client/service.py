@@ -2,6 +2,10 @@
 
 Replies go to ``msgbus.system.reply``, from where the daemon routes them back to the caller (locally or to a
 remote twin, or straight to the return queue on the proxy flow).
+
+A worker moves each request atomically into the service's processing list and removes it only in the
+transaction that pushes the reply, so a service killed mid-request finds the request again when it starts:
+requests reach handlers at least once. Give each process serving the same command its own ``name``.
 """
 
 from __future__ import annotations
@@ -29,12 +33,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Request], HandlerResult | Awaitable[HandlerResult]]
 HandlerT = TypeVar("HandlerT", bound=Handler)
 
-# How often pushing a reply is tried before it is given up (Redis unreachable).
-REPLY_PUSH_ATTEMPTS = 3
-
 
 class Service:
-    """Serves commands to the bus with ``workers`` concurrent workers.
+    """Serves commands to the bus with ``workers`` concurrent workers per command.
 
     Handlers take a :class:`~client.request.Request` and return the reply payload (bytes, str, None, or a
     value sent as JSON); they may be plain functions, run in a thread so they do not block the loop, or
@@ -44,7 +45,12 @@ class Service:
     """
 
     def __init__(
-        self, redis: str | Redis = DEFAULT_REDIS_URL, *, workers: int = 1, poll_interval: float = POP_CHUNK_S
+        self,
+        redis: str | Redis = DEFAULT_REDIS_URL,
+        *,
+        workers: int = 1,
+        poll_interval: float = POP_CHUNK_S,
+        name: str = "default",
     ) -> None:
         if not isinstance(redis, str | Redis):
             raise TypeError(f"expected a Redis URL or a redis.asyncio.Redis, got {type(redis).__name__}")
@@ -54,7 +60,10 @@ class Service:
             raise ValueError(
                 f"poll_interval must be in (0, {POP_CHUNK_S * 2:g}] seconds, got {poll_interval}"
             )
+        if not name:
+            raise ValueError("the service name must not be empty")
         self._redis = redis
+        self.name = name
         self.workers = workers
         self.poll_interval = poll_interval
         self._handlers: dict[str, Handler] = {}
@@ -99,9 +108,16 @@ class Service:
         socket_timeout = conn.connection_pool.connection_kwargs.get("socket_timeout")
         poll = pop_chunk(socket_timeout, self.poll_interval)
         executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="msgbus-handler")
-        log.info("serving %s with %d worker(s)", ", ".join(self._handlers), self.workers)
+        log.info("serving %s with %d worker(s) each", ", ".join(self._handlers), self.workers)
         try:
-            await asyncio.gather(*(self._worker(conn, executor, poll, burst) for _ in range(self.workers)))
+            await self._recover(conn)
+            await asyncio.gather(
+                *(
+                    self._worker(conn, queue, executor, poll, burst)
+                    for queue in self._handlers
+                    for _ in range(self.workers)
+                )
+            )
         finally:
             executor.shutdown(wait=False)
             if conn is not self._redis:
@@ -136,51 +152,69 @@ class Service:
             )
             return reply_envelope(request, err=f"{type(exc).__name__}: {exc}")
 
-    async def _worker(self, conn: Redis, executor: ThreadPoolExecutor, poll: float, burst: bool) -> None:
-        queues = list(self._handlers)
+    async def _recover(self, conn: Redis) -> None:
+        """Put back what a previous run of this service was handling when it stopped or died."""
+        for queue in self._handlers:
+            moved = 0
+            # Newest first onto the right end, where workers pop: the oldest comes out first again.
+            while await conn.lmove(keys.service_processing(queue, self.name), queue, "LEFT", "RIGHT"):
+                moved += 1
+            if moved:
+                log.warning("took back %d unfinished request(s) of %s", moved, queue)
+
+    async def _worker(
+        self, conn: Redis, queue: str, executor: ThreadPoolExecutor, poll: float, burst: bool
+    ) -> None:
+        processing = keys.service_processing(queue, self.name)
         while not self._stopping.is_set():
-            raw = await self._next_request(conn, queues, poll, burst)
+            raw = await self._next_request(conn, queue, processing, poll, burst)
             if raw is None:
                 if burst:
                     return
                 continue
             try:
                 reply = await self.handle(raw, executor)
-                if reply is not None:
-                    await self._push_reply(conn, reply)
             except Exception:
                 log.exception("unexpected failure while serving a request; the worker goes on")
+                reply = None
+            await self._finish(conn, processing, raw, reply)
 
     async def _next_request(
-        self, conn: Redis, queues: list[str], poll: float, burst: bool
+        self, conn: Redis, queue: str, processing: str, poll: float, burst: bool
     ) -> bytes | str | None:
         try:
+            # The daemon LPUSHes, so taking from the right serves requests first in, first out.
             if burst:
-                for queue in queues:
-                    item = await conn.rpop(queue)
-                    if item is not None:
-                        return cast(bytes | str, item)
-                return None
-            # BRPOP: the daemon LPUSHes, so popping from the right serves requests first in, first out.
-            popped = await conn.brpop(queues, timeout=poll)
+                item = await conn.lmove(queue, processing, "RIGHT", "LEFT")
+            else:
+                item = await conn.blmove(queue, processing, cast(int, poll), "RIGHT", "LEFT")
         except RedisError as exc:
             if burst:
                 raise
             log.warning("cannot pop requests from Redis: %s; retrying", exc)
             await asyncio.sleep(poll)
             return None
-        return None if popped is None else popped[1]
+        return item
 
-    async def _push_reply(self, conn: Redis, reply: Envelope) -> None:
-        for attempt in range(1, REPLY_PUSH_ATTEMPTS + 1):
+    async def _finish(self, conn: Redis, processing: str, raw: bytes | str, reply: Envelope | None) -> None:
+        """Push the reply and forget the request in one transaction; while Redis is down, keep trying."""
+        while True:
             try:
-                await conn.lpush(keys.REPLY, reply.encode())
+                async with conn.pipeline(transaction=True) as pipe:
+                    if reply is not None:
+                        pipe.lpush(keys.REPLY, reply.encode())
+                    # redis-py's stubs say str; the popped bytes are sent back unchanged.
+                    pipe.lrem(processing, 1, cast(str, raw))
+                    await pipe.execute()
                 return
             except RedisError as exc:
-                log.warning("cannot push the reply %r (attempt %d): %s", reply.uid, attempt, exc)
-                if attempt < REPLY_PUSH_ATTEMPTS:
-                    await asyncio.sleep(self.poll_interval)
-        log.error("dropped the reply %r to twin %s: Redis unavailable", reply.uid, list(reply.dst))
+                if self._stopping.is_set():
+                    log.error(
+                        "stopping with the reply to %r unsent; it is handled again at the next start", raw
+                    )
+                    return
+                log.warning("cannot push a reply (%s); retrying", exc)
+                await asyncio.sleep(self.poll_interval)
 
     async def _serve_with_signals(self, burst: bool) -> None:
         loop = asyncio.get_running_loop()

@@ -28,6 +28,12 @@ def command_queue(cmd: str) -> str:
     return f"msgbus.{cmd}"
 
 
+def service_processing(queue: str, service: str) -> str:
+    """list: requests a service named ``service`` took from the command list ``queue`` and has not answered
+    yet; written and read by the client library's Service only (crash recovery)."""
+    return f"{queue}.processing.{service}"
+
+
 def uid_counter(dst: int) -> str:
     """string int: INCR once per message sent to twin ``dst``; the value makes the uid ``<dst>.<n>``."""
     return f"msgbus.counter.{dst}"

@@ -263,3 +263,32 @@ def test_reply_building_and_result_encoding() -> None:
     assert encode_result(bytearray(b"x")) == b"x"
     assert encode_result([1, "a"]) == b'[1, "a"]'
     assert encode_result(True) == b"true"
+
+
+async def test_requests_left_by_a_killed_service_are_served_first_at_the_next_start(
+    async_redis: aioredis.Redis, redis_url: str
+) -> None:
+    queue = keys.command_queue("crash.me")
+    processing = keys.service_processing(queue, "worker-a")
+    # What a service killed mid-request leaves: its request in its processing list, newer ones queued.
+    await async_redis.lpush(processing, request_envelope("crash.me", b"first", n=1).encode())
+    await async_redis.lpush(queue, request_envelope("crash.me", b"second", n=2).encode())
+    service = Service(redis_url, name="worker-a")
+    service.register("crash.me", lambda request: request.data.upper())
+    await service.serve(burst=True)
+    replies = [Envelope.decode(r) for r in reversed(await async_redis.lrange(keys.REPLY, 0, -1))]
+    assert [r.payload for r in replies] == [b"FIRST", b"SECOND"]
+    assert await async_redis.llen(processing) == 0
+
+
+async def test_a_service_only_takes_back_its_own_unfinished_requests(
+    async_redis: aioredis.Redis, redis_url: str
+) -> None:
+    queue = keys.command_queue("shared")
+    other = keys.service_processing(queue, "worker-b")
+    await async_redis.lpush(other, request_envelope("shared", b"busy elsewhere").encode())
+    service = Service(redis_url, name="worker-a")
+    service.register("shared", lambda request: b"")
+    await service.serve(burst=True)
+    assert await async_redis.llen(other) == 1
+    assert await async_redis.llen(keys.REPLY) == 0
