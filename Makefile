@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := msgbusd client twin_resolver spark
+PACKAGES := msgbusd client twin_resolver spark bench
 
-.PHONY: setup system-packages venv lint format test test-fast demo clean
+.PHONY: setup system-packages venv lint format test test-fast faults demo clean
 
 setup: system-packages venv
 
@@ -35,6 +35,12 @@ test: setup lint
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow"
+
+# The fault scenarios alone, with their figures as a table (for docs/reliability.md).
+faults: setup
+	rm -f .fault-report.jsonl
+	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest tests/faults -p no:cacheprovider
+	$(BIN)/python -m tests.faults.report .fault-report.jsonl
 
 demo: setup
 	$(BIN)/msgbus demo

@@ -209,6 +209,8 @@ class LocalCluster:
     extra_args: Sequence[str] = ()
     # More twins for the map, e.g. clients of the proxy flow or a twin whose site is down.
     extra_twins: Sequence[Twin] = ()
+    # Redis with an append-only file, as in production (the fault tests restart Redis).
+    redis_appendonly: bool = False
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-cluster-")))
     redis: list[RedisProcess] = field(default_factory=list)
     sites: list[SiteProcess] = field(default_factory=list)
@@ -218,9 +220,14 @@ class LocalCluster:
         return self.workdir / "twins.json"
 
     def start(self) -> LocalCluster:
+        """Start every Redis and every site."""
+        return self.prepare().launch()
+
+    def prepare(self) -> LocalCluster:
+        """Start the Redis servers and choose each site's port, without starting the daemons yet."""
         try:
             for index in range(self.size):
-                redis = RedisProcess().start()
+                redis = RedisProcess(appendonly=self.redis_appendonly).start()
                 self.redis.append(redis)
                 self.sites.append(
                     SiteProcess(
@@ -232,6 +239,14 @@ class LocalCluster:
                         log_path=self.workdir / f"msgbusd-{index + 1}.log",
                     )
                 )
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def launch(self) -> LocalCluster:
+        """Write the twin map and start the daemons of a prepared cluster."""
+        try:
             self.write_twins()
             for site in self.sites:
                 site.start()

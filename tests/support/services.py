@@ -34,6 +34,7 @@ class RawService(threading.Thread):
         self.handler = handler
         self.reply_to_ret = reply_to_ret
         self.executions: Counter[str] = Counter()
+        self.payloads: Counter[bytes] = Counter()
         self.requests: list[Envelope] = []
         self._stop_event = threading.Event()
 
@@ -45,6 +46,7 @@ class RawService(threading.Thread):
             request = Envelope.decode(item[1])
             self.requests.append(request)
             self.executions[f"{request.src}/{request.uid}"] += 1
+            self.payloads[request.payload] += 1
             reply = request.replace(
                 src=request.dst[0] if request.dst else 0,
                 dst=(request.src,),
