@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -113,7 +114,17 @@ def main_command(
     from msgbusd.runner import run
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings))
+        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+            runner.run(run(settings))
+
+
+def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it is installed (it is with the daemon extra on Linux), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def main() -> None:

@@ -1,0 +1,223 @@
+"""Round-trip benchmark: two sites on this machine, C concurrent callers, an echo service, one JSON line.
+
+Each caller pushes a request to site 1's ``msgbus.system.local`` and pops its return queue; R workers on site
+2 echo. After a warm-up, D seconds are measured: RPC/s, latency percentiles, lost requests, and CPU and memory
+of every process read from /proc. ``--floor`` runs the same load through ``bench.floor_relay`` (the same
+hops, no daemon logic) instead of msgbusd.
+
+    python -m bench.rpc --clients 16 --payload 64 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from msgbusd import keys
+from msgbusd.envelope import Envelope, encode_payload
+from msgbusd.local_sites import LocalCluster, RedisProcess, free_port, port_open, wait_until
+
+CMD = "bench.echo"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Load:
+    clients: int
+    payload: bytes
+    fanout: int = 1
+    timeout_s: float = 10.0
+    latencies: list[float] = field(default_factory=list)
+    lost: int = 0
+    measuring: bool = False
+
+    async def caller(self, redis_url: str, stop: asyncio.Event) -> None:
+        conn = aioredis.Redis.from_url(redis_url, socket_timeout=30)
+        dat = encode_payload(self.payload)
+        dst = (2,) * self.fanout
+        try:
+            while not stop.is_set():
+                ret = str(uuid.uuid4())
+                request = Envelope(cmd=CMD, dst=dst, ret=ret, dat=dat, exp=60, now=int(time.time())).encode()
+                started = time.perf_counter()
+                await conn.lpush(keys.LOCAL, request)
+                got = 0
+                deadline = started + self.timeout_s
+                while got < self.fanout and time.perf_counter() < deadline:
+                    if await conn.blpop([ret], timeout=1) is not None:
+                        got += 1
+                if self.measuring:
+                    if got < self.fanout:
+                        self.lost += self.fanout - got
+                    else:
+                        self.latencies.append(time.perf_counter() - started)
+        finally:
+            await conn.aclose()
+
+
+@dataclass
+class Processes:
+    """The pids to account for, by role."""
+
+    pids: dict[str, int]
+
+    def cpu(self) -> dict[str, float]:
+        return {role: cpu_seconds(pid) for role, pid in self.pids.items()}
+
+
+@contextmanager
+def msgbus_sites(key_type: str, extra_args: list[str]) -> Iterator[tuple[list[str], dict[str, int]]]:
+    cluster = LocalCluster(size=2, key_type=key_type, extra_args=["--log-level", "info", *extra_args]).start()
+    try:
+        pids = {}
+        for site, redis in zip(cluster.sites, cluster.redis, strict=True):
+            assert site.process is not None and redis.process is not None
+            pids[f"msgbusd{site.twin}"] = site.process.pid
+            pids[f"redis{site.twin}"] = redis.process.pid
+        yield [r.url for r in cluster.redis], pids
+    finally:
+        cluster.cleanup()
+
+
+@contextmanager
+def floor_sites() -> Iterator[tuple[list[str], dict[str, int]]]:
+    servers = [RedisProcess().start(), RedisProcess().start()]
+    ports = [free_port(), free_port()]
+    relays: list[subprocess.Popen[bytes]] = []
+    try:
+        for index in range(2):
+            peer = f"http://127.0.0.1:{ports[1 - index]}"
+            relays.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bench.floor_relay", servers[index].url, str(ports[index]), peer],
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+        for port in ports:
+            wait_until(lambda port=port: port_open(port), 20, f"floor relay on {port}")  # type: ignore[misc]
+        pids = {"relay1": relays[0].pid, "relay2": relays[1].pid}
+        for index, server in enumerate(servers):
+            assert server.process is not None
+            pids[f"redis{index + 1}"] = server.process.pid
+        yield [s.url for s in servers], pids
+    finally:
+        for relay in relays:
+            relay.terminate()
+            relay.wait(timeout=10)
+        for server in servers:
+            server.cleanup()
+
+
+async def measure(
+    redis_url: str, pids: dict[str, int], load: Load, warmup_s: float, duration_s: float
+) -> dict[str, object]:
+    """Run the callers against site 1 and measure a window of ``duration_s`` after ``warmup_s``."""
+    pids = {**pids, "loadgen": os.getpid()}
+    stop = asyncio.Event()
+    callers = [asyncio.create_task(load.caller(redis_url, stop)) for _ in range(load.clients)]
+    await asyncio.sleep(warmup_s)
+    processes = Processes(pids)
+    cpu_before = processes.cpu()
+    load.measuring = True
+    started = time.perf_counter()
+    await asyncio.sleep(duration_s)
+    load.measuring = False
+    elapsed = time.perf_counter() - started
+    cpu_after = processes.cpu()
+    rss = {role: round(rss_mib(pid), 1) for role, pid in pids.items()}
+    stop.set()
+    await asyncio.gather(*callers)
+    rpcs = len(load.latencies)
+    cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
+    daemons = sum(v for role, v in cpu.items() if role.startswith(("msgbusd", "relay")))
+    ordered = sorted(load.latencies)
+
+    def percentile(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2) if ordered else 0.0
+
+    return {
+        "rpc_per_s": round(rpcs / elapsed, 1),
+        "p50_ms": percentile(0.50),
+        "p99_ms": percentile(0.99),
+        "mean_ms": round(statistics.fmean(ordered) * 1000, 2) if ordered else 0.0,
+        "lost": load.lost,
+        "cpu_percent": {role: round(100 * v / elapsed, 1) for role, v in cpu.items()},
+        "rss_mib": rss,
+        "daemon_cpu_ms_per_rpc": round(1000 * daemons / rpcs, 3) if rpcs else None,
+        "total_cpu_ms_per_rpc": round(1000 * sum(cpu.values()) / rpcs, 3) if rpcs else None,
+    }
+
+
+def run_case(
+    args: argparse.Namespace, clients: int, payload: int, fanout: int, floor: bool
+) -> dict[str, object]:
+    load = Load(clients=clients, payload=b"x" * payload, fanout=fanout)
+    sites = floor_sites() if floor else msgbus_sites(args.key_type, args.daemon_arg or [])
+    with sites as (redis_urls, pids):
+        command = [sys.executable, "-m", "bench.echo_service", redis_urls[1], CMD, str(args.workers)]
+        service = subprocess.Popen(command)
+        try:
+            result = asyncio.run(
+                measure(redis_urls[0], {**pids, "service": service.pid}, load, args.warmup, args.duration)
+            )
+        finally:
+            service.terminate()
+            service.wait(timeout=10)
+    return {
+        "system": "floor" if floor else "msgbus",
+        "clients": clients,
+        "payload_bytes": payload,
+        "fanout": fanout,
+        **result,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--clients", default="1,16,64", help="comma-separated concurrency levels")
+    parser.add_argument("--payload", default="64", help="comma-separated payload sizes in bytes")
+    parser.add_argument("--fanout", type=int, default=1, help="destinations per request")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--workers", type=int, default=16, help="service workers on site 2")
+    parser.add_argument("--key-type", default="ed25519")
+    parser.add_argument("--floor", action="store_true", help="also measure the no-logic floor")
+    parser.add_argument("--daemon-arg", action="append", help="extra msgbusd flag (repeatable)")
+    args = parser.parse_args()
+    for payload in (int(p) for p in args.payload.split(",")):
+        for clients in (int(c) for c in args.clients.split(",")):
+            systems = [False, True] if args.floor else [False]
+            for floor in systems:
+                print(json.dumps(run_case(args, clients, payload, args.fanout, floor)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
