@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := msgbusd client twin_resolver spark bench
 
-.PHONY: setup system-packages venv lint format test test-fast faults demo clean
+.PHONY: setup system-packages venv lint format test test-fast faults bench demo clean
 
 setup: system-packages venv
 
@@ -41,6 +41,10 @@ faults: setup
 	rm -f .fault-report.jsonl
 	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest tests/faults -p no:cacheprovider
 	$(BIN)/python -m tests.faults.report .fault-report.jsonl
+
+# The benchmark sweep (two sites on this machine, msgbus against a no-logic floor); see docs/benchmarks.md.
+bench: setup
+	$(BIN)/python -m bench.suite
 
 demo: setup
 	$(BIN)/msgbus demo

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from msgbusd.logs import configure_logging
 from msgbusd.settings import DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
 
 LOG_LEVELS = {
@@ -105,17 +105,11 @@ def main_command(
         drain_grace_s=drain_grace,
         hold_offline=hold_offline,
     )
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    # Libraries log every request at INFO/DEBUG; msgbusd logs what matters itself.
-    for noisy in ("httpx", "httpcore", "redis", "asyncio", "uvicorn"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    configure_logging(level)
     from msgbusd.runner import run
 
-    with contextlib.suppress(KeyboardInterrupt):
-        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
-            runner.run(run(settings))
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+        runner.run(run(settings))
 
 
 def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import redis.asyncio as aioredis
@@ -23,14 +23,16 @@ import uvicorn
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.routing import Route
 
 from msgbusd import keys
 from msgbusd.backoff import REDIS_RECONNECT, Backoff
 from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
 from msgbusd.health import PeerHealth
-from msgbusd.http_api import Door, create_app
-from msgbusd.outbox import Outbox
+from msgbusd.http_api import Door, create_app, loopback_only
+from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
+from msgbusd.outbox import CLAIM_BATCH, Outbox
 from msgbusd.queues import Store
 from msgbusd.senders import Senders
 from msgbusd.settings import Settings
@@ -40,6 +42,10 @@ from twin_resolver.base import Resolver
 log = logging.getLogger("msgbusd")
 
 PROBE_FLOOR_S = 0.05
+# Items taken from a queue in one go at most.
+POP_BATCH = 64
+
+_T = TypeVar("_T")
 
 
 class StartupError(Exception):
@@ -58,6 +64,7 @@ class Site:
     outbox: Outbox
     door: Door
     clock: Callable[[], float]
+    metrics: Metrics
 
 
 def open_redis(settings: Settings) -> aioredis.Redis:
@@ -119,7 +126,35 @@ class Daemon:
         self._server: _Server | None = None
         self.ready = asyncio.Event()
         self.senders = Senders(site.store, site.outbox, self._spawn, self._stopping)
-        self.handlers = Handlers(site.store, site.outbox, site.twin, self._kick_senders, site.clock)
+        self.handlers = Handlers(
+            site.store, site.outbox, site.twin, self._kick_senders, site.clock, site.metrics
+        )
+        site.metrics.refresh = self._refresh_metrics
+        site.door.deliver_replies = self.handlers.deliver_from_peers
+        # When each loop last went round; /healthz reports a loop that stopped turning.
+        self._heartbeats: dict[str, float] = {}
+
+    async def _refresh_metrics(self) -> None:
+        metrics = self.site.metrics
+        metrics.set_queue_lengths(await self.site.store.depths())
+        metrics.set_inflight(len(self._inflight))
+        metrics.set_open_circuits(self.site.outbox.health.open_count())
+
+    async def _health(self) -> dict[str, object]:
+        problems: list[str] = []
+        try:
+            await self.site.redis.ping()
+        except (RedisError, OSError) as exc:
+            problems.append(f"redis unreachable: {exc}")
+        now = time.monotonic()
+        stale_s = 3 * self.site.settings.pop_block_s + 5
+        for loop, beat in sorted(self._heartbeats.items()):
+            if now - beat > stale_s:
+                problems.append(f"loop {loop} has not run for {now - beat:.0f}s")
+        return {"problems": problems, "twin": self.site.twin, "inflight": len(self._inflight)}
+
+    def _beat(self, loop: str) -> None:
+        self._heartbeats[loop] = time.monotonic()
 
     def _kick_senders(self, destinations: Iterable[int]) -> None:
         for dst in destinations:
@@ -143,25 +178,28 @@ class Daemon:
             if recovered:
                 log.warning("recovered %d unfinished item(s) of %s from the previous run", recovered, queue)
         config = uvicorn.Config(
-            create_app(self.site.door),
+            create_app(
+                self.site.door,
+                [
+                    Route("/metrics", loopback_only(metrics_endpoint(self.site.metrics))),
+                    Route("/healthz", loopback_only(healthz_endpoint(self._health))),
+                ],
+            ),
             log_level="warning",
+            log_config=None,
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=max(1, int(settings.drain_grace_s)),
         )
         self._server = _Server(config)
         handlers = self.handlers
-        # Requests are accepted one by one, in queue order, so that each destination gets them in push
-        # order; replies need no order and are handled concurrently.
-        consumers: list[tuple[str, Callable[[bytes], Awaitable[None]], bool]] = [
-            (keys.LOCAL, handlers.local, True),
-            (keys.REMOTE, handlers.remote, True),
-            (keys.REPLY, handlers.reply, False),
-        ]
+        # Each queue is taken in batches, one batch after the other: requests reach each destination in
+        # push order, and every batch is a few pipelined round trips to Redis.
         await self.senders.resume()
         async with asyncio.TaskGroup() as group:
-            for queue, handle, in_order in consumers:
-                group.create_task(self._consume(queue, handle, in_order), name=f"consume {queue}")
+            group.create_task(self._consume_in_order(keys.LOCAL, handlers.local), name="consume local")
+            group.create_task(self._consume_in_order(keys.REMOTE, handlers.remote), name="consume remote")
+            group.create_task(self._consume_in_order(keys.REPLY, handlers.reply), name="consume reply")
             group.create_task(self._timers(), name="timers")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             group.create_task(self._announce_ready(), name="ready")
@@ -223,49 +261,53 @@ class Daemon:
         except Exception:
             log.exception("%s: unexpected failure; the item stays queued", what)
 
-    async def _consume(self, queue: str, handle: Callable[[bytes], Awaitable[None]], in_order: bool) -> None:
-        settings = self.site.settings
-        slots = asyncio.Semaphore(1 if in_order else settings.workers)
+    async def _pop_batch(self, queue: str, limit: int) -> list[bytes]:
+        """Up to ``limit`` items of ``queue`` (moved to its processing list); waits a little when empty."""
+        store = self.site.store
+        batch = await store.pop_many(queue, limit)
+        if batch:
+            return batch
+        raw = await store.pop(queue, self.site.settings.pop_block_s)
+        return [] if raw is None else [raw]
+
+    async def _consume_in_order(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
+        """Take items in batches and handle each batch before the next, keeping queue order."""
         failures = 0
         while not self._stopping.is_set():
-            await slots.acquire()
+            self._beat(queue)
             try:
-                raw = await self.site.store.pop(queue, settings.pop_block_s)
+                batch = await self._pop_batch(queue, POP_BATCH)
             except (RedisError, OSError) as exc:
-                slots.release()
                 failures += 1
-                delay = REDIS_RECONNECT.delay_s(failures)
-                log.error("cannot pop %s: %s; retrying in %.1fs", queue, exc, delay)
-                await self._sleep_unless_stopping(delay)
+                await self._pop_failed(queue, exc, failures)
                 continue
             failures = 0
-            if raw is None:
-                slots.release()
-                continue
-            if in_order:
-                await self._guarded(self._handle(handle, raw, slots), f"item from {queue}")
-            else:
-                self._spawn(self._handle(handle, raw, slots), f"item from {queue}")
+            if batch:
+                await self._guarded(self._with_redis_retry(handle, batch), f"items from {queue}")
 
-    async def _handle(
-        self, handle: Callable[[bytes], Awaitable[None]], raw: bytes, slots: asyncio.Semaphore
-    ) -> None:
-        """Run ``handle`` on one item; while Redis is unreachable, try again with backoff until stopping."""
+    async def _pop_failed(self, queue: str, exc: Exception, failures: int) -> None:
+        delay = REDIS_RECONNECT.delay_s(failures)
+        log.error("cannot pop %s: %s; retrying in %.1fs", queue, exc, delay)
+        await self._sleep_unless_stopping(delay)
+
+    async def _with_redis_retry(self, handle: Callable[[_T], Awaitable[None]], item: _T) -> None:
+        """Run ``handle`` on an item; while Redis is unreachable, try again with backoff until stopping.
+
+        Every hand-off is a script that does nothing for an item already handed off, so a retry after an
+        answer lost with the connection does not hand anything off twice.
+        """
         failures = 0
-        try:
-            while True:
-                try:
-                    await handle(raw)
-                    return
-                except (RedisConnectionError, RedisTimeoutError) as exc:
-                    if self._stopping.is_set():
-                        raise
-                    failures += 1
-                    delay = REDIS_RECONNECT.delay_s(failures)
-                    log.warning("redis unreachable while handling an item (%s); again in %.1fs", exc, delay)
-                    await self._sleep_unless_stopping(delay)
-        finally:
-            slots.release()
+        while True:
+            try:
+                await handle(item)
+                return
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if self._stopping.is_set():
+                    raise
+                failures += 1
+                delay = REDIS_RECONNECT.delay_s(failures)
+                log.warning("redis unreachable while handling an item (%s); again in %.1fs", exc, delay)
+                await self._sleep_unless_stopping(delay)
 
     def _spawn_scheduled(self, work: Coroutine[Any, Any, None]) -> None:
         self._scheduled += 1
@@ -278,12 +320,14 @@ class Daemon:
         outbox = self.site.outbox
         settings = self.site.settings
         while not self._stopping.is_set():
+            self._beat("timers")
             try:
                 # Sends taken from the schedule are bounded like queue items: what cannot start now stays due.
                 free = settings.workers - self._scheduled
-                if free > 0:
-                    await outbox.run_due(self._spawn_scheduled, limit=free)
-                await outbox.expire_due()
+                started = free > 0 and await outbox.run_due(self._spawn_scheduled, limit=free) == CLAIM_BATCH
+                expired = await outbox.expire_due() == CLAIM_BATCH
+                if started or expired:
+                    continue  # more is due: go on without waiting for the next tick
             except (RedisError, OSError) as exc:
                 log.error("retry/expiry timer: redis failed (%s)", exc)
             await self._sleep_unless_stopping(settings.tick_s)
@@ -326,7 +370,8 @@ async def open_site(
     http = open_http(settings)
     store = Store(redis)
     backoff = Backoff(settings.retry_delay_s, settings.retry_max_delay_s)
-    forwarder = Forwarder(http, resolver, signer, clock)
+    metrics = Metrics()
+    forwarder = Forwarder(http, resolver, signer, clock, metrics)
     # Probes of an absent peer are spaced like retries, but never closer than PROBE_FLOOR_S.
     probe_backoff = Backoff(
         max(settings.retry_delay_s, PROBE_FLOOR_S), max(settings.retry_max_delay_s, PROBE_FLOOR_S)
@@ -341,9 +386,10 @@ async def open_site(
         backoff=backoff,
         hold_offline=settings.hold_offline,
         clock=clock,
+        metrics=metrics,
     )
-    door = Door(store, resolver, signer, settings.freshness_s, clock)
-    return Site(settings, twin, redis, http, store, outbox, door, clock)
+    door = Door(store, resolver, signer, settings.freshness_s, clock, metrics, twin)
+    return Site(settings, twin, redis, http, store, outbox, door, clock, metrics)
 
 
 async def close_site(site: Site) -> None:

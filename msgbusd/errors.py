@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Literal
 
 # Validation reasons (go-rmb texts).
 VERSION_MISMATCH = "protocol version mismatch"
 MISSING_COMMAND = "missing command request"
 MISSING_DESTINATION = "missing twin destination"
 MISSING_RETURN_QUEUE = "return queue not defined"
+
+
+# What kind of failure a delivery was, for metrics.
+DeliveryErrorKind = Literal["unreachable", "refused", "not_found", "other"]
 
 
 class MsgbusError(Exception):
@@ -41,10 +46,11 @@ class DeliveryError(MsgbusError):
     or it said it cannot take messages now), as opposed to a site that refused this message.
     """
 
-    def __init__(self, cause: str, *, offline: bool = False) -> None:
+    def __init__(self, cause: str, *, offline: bool = False, kind: DeliveryErrorKind | None = None) -> None:
         super().__init__(cause)
         self.cause = cause
         self.offline = offline
+        self.kind: DeliveryErrorKind = kind or ("unreachable" if offline else "other")
 
 
 @dataclass(frozen=True)

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import httpx
 
 from msgbusd.envelope import Envelope
 from msgbusd.errors import DeliveryError
+from msgbusd.metrics import Metrics
 from msgbusd.signing import Signer
 from twin_resolver.address import peer_url
-from twin_resolver.base import Resolver, ResolverError
+from twin_resolver.base import Resolver, ResolverError, TwinNotFound
+
+log = logging.getLogger("msgbusd.forwarder")
 
 REMOTE_PATH = "/zbus-remote"
 REPLY_PATH = "/zbus-reply"
+# msgbus sites carry many envelopes per POST here; other RMB daemons answer 404 and get one per POST.
+BATCH_PATH = "/zbus-batch"
 # Answers of a site that is up but cannot take messages now (e.g. its Redis is down): like no answer.
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+# How long a twin that does not take batches is sent one message per POST before asking again.
+LEGACY_RECHECK_S = 600.0
 
 
 class Forwarder:
@@ -33,36 +41,113 @@ class Forwarder:
         resolver: Resolver,
         signer: Signer,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self._http = http
         self._resolver = resolver
         self._signer = signer
         self._clock = clock
+        self._metrics = metrics or Metrics()
+        # Twins that answered 404 to a batch, until when to send them one message per POST.
+        self._batch_unsupported: dict[int, float] = {}
 
     async def send(self, env: Envelope, path: str) -> None:
-        twin_id = env.dst[0]
+        """Sign ``env`` and POST it alone to ``path`` of the twin in ``dst[0]``."""
+        url = await self._url(env.dst[0], path)
+        response = await self._post(env.dst[0], url, self._sign(env).encode())
+        if response.status_code != 200:
+            raise _refused(env.dst[0], response.status_code, _error_message(response))
+
+    async def send_many(
+        self, twin_id: int, items: Sequence[tuple[str, Envelope]]
+    ) -> list[DeliveryError | None]:
+        """Send ``(path, envelope)`` pairs to one twin, in order; one result per item (None: delivered).
+
+        msgbus sites take them all in one POST to ``/zbus-batch``; a site that does not know that endpoint
+        (go-rmb) gets them one POST each, and is remembered for a while. Once the twin stops answering, the
+        items not sent yet get the same "offline" error without being tried.
+        """
+        if len(items) > 1 and self._batch_unsupported.get(twin_id, 0.0) <= self._clock():
+            try:
+                return await self._send_batch(twin_id, items)
+            except _NoBatchEndpoint:
+                self._batch_unsupported[twin_id] = self._clock() + LEGACY_RECHECK_S
+                log.info("twin %s takes one message per POST (no %s)", twin_id, BATCH_PATH)
+            except DeliveryError as exc:
+                return [exc] * len(items)
+        results: list[DeliveryError | None] = []
+        for index, (path, env) in enumerate(items):
+            try:
+                await self.send(env, path)
+                results.append(None)
+            except DeliveryError as exc:
+                results.append(exc)
+                if exc.offline:
+                    results += [exc] * (len(items) - index - 1)
+                    break
+        return results
+
+    async def _send_batch(
+        self, twin_id: int, items: Sequence[tuple[str, Envelope]]
+    ) -> list[DeliveryError | None]:
+        url = await self._url(twin_id, BATCH_PATH)
+        messages = [{"path": path, "envelope": self._sign(env).to_wire()} for path, env in items]
+        response = await self._post(twin_id, url, json.dumps({"messages": messages}).encode())
+        if response.status_code in (404, 405):
+            raise _NoBatchEndpoint
+        if response.status_code != 200:
+            raise _refused(twin_id, response.status_code, _error_message(response))
+        try:
+            answers = json.loads(response.content)["results"]
+            statuses = [(int(a["status"]), str(a.get("message", ""))) for a in answers]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeliveryError(f"twin {twin_id} answered a batch with something unreadable") from exc
+        if len(statuses) != len(items):
+            raise DeliveryError(f"twin {twin_id} answered {len(statuses)} results for {len(items)} messages")
+        return [None if status == 200 else _refused(twin_id, status, message) for status, message in statuses]
+
+    def _sign(self, env: Envelope) -> Envelope:
+        return self._signer.sign(env.replace(now=int(self._clock())))
+
+    async def _url(self, twin_id: int, path: str) -> str:
         try:
             twin = await self._resolver.get_twin(twin_id)
         except ResolverError as exc:
-            raise DeliveryError(str(exc)) from exc
+            raise DeliveryError(
+                str(exc), kind="not_found" if isinstance(exc, TwinNotFound) else "other"
+            ) from exc
         try:
-            url = peer_url(twin.address, path)
+            return peer_url(twin.address, path)
         except ValueError as exc:
             raise DeliveryError(f"twin {twin_id} has an unusable address {twin.address!r}: {exc}") from exc
-        signed = self._signer.sign(env.replace(now=int(self._clock())))
+
+    async def _post(self, twin_id: int, url: str, body: bytes) -> httpx.Response:
+        started = time.perf_counter()
         try:
-            response = await self._http.post(url, content=signed.encode())
+            response = await self._http.post(url, content=body)
+            self._metrics.observe_send(
+                "reply" if url.endswith(REPLY_PATH) else "remote", time.perf_counter() - started
+            )
+            return response
         except httpx.TimeoutException as exc:
             raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
         except httpx.HTTPError as exc:
             raise DeliveryError(
                 f"couldn't reach twin {twin_id} at {url}: {_describe(exc)}", offline=True
             ) from exc
-        if response.status_code != 200:
-            raise DeliveryError(
-                f"twin {twin_id} refused the message: {response.status_code} {_error_message(response)}",
-                offline=response.status_code in UNAVAILABLE_STATUSES,
-            )
+
+
+class _NoBatchEndpoint(Exception):
+    """The peer answered 404/405 to a batch: it is not a msgbus site."""
+
+
+def _refused(twin_id: int, status: int, message: str) -> DeliveryError:
+    offline = status in UNAVAILABLE_STATUSES
+    return DeliveryError(
+        f"twin {twin_id} refused the message: {status} {message}",
+        offline=offline,
+        kind="unreachable" if offline else "refused",
+    )
 
 
 def _describe(exc: httpx.HTTPError) -> str:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable
 from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage
+from msgbusd.metrics import Metrics
 from msgbusd.outbox import Outbox, destination_of
-from msgbusd.queues import Store
+from msgbusd.queues import AcceptedRequest, Outcome, PendingReply, Store
 from msgbusd.validation import validate
 
 log = logging.getLogger("msgbusd.handlers")
@@ -29,46 +30,73 @@ class Handlers:
         twin: int,
         on_accepted: Callable[[Iterable[int]], None],
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = metrics or Metrics()
         self._store = store
         self._outbox = outbox
         self._twin = twin
         self._on_accepted = on_accepted
         self._clock = clock
 
+    async def _dead_letter(self, queue: str, raw: bytes, reason: str) -> None:
+        await self._store.dead_letter(queue, raw, reason)
+        self._metrics.message("dead_lettered")
+
+    async def _set_aside(self, queue: str | None, raw: bytes, env: Envelope, reason: str) -> None:
+        """Dead-letter a popped item (acking it), or a message that was never in a queue."""
+        if queue is not None:
+            await self._dead_letter(queue, raw, reason)
+            return
+        await self._store.set_aside(keys.REPLY, env.encode(), reason)
+        self._metrics.message("dead_lettered")
+
     async def _decode(self, queue: str, raw: bytes) -> Envelope | None:
         try:
             return Envelope.decode(raw)
         except EnvelopeDecodeError as exc:
-            await self._store.dead_letter(queue, raw, f"not an envelope: {exc.reason}")
+            await self._dead_letter(queue, raw, f"not an envelope: {exc.reason}")
             log.error("dead-lettered an undecodable item from %s: %s", queue, exc.reason)
             return None
 
     # --- msgbus.system.local: requests from local clients ------------------------------------------------
 
-    async def local(self, raw: bytes) -> None:
-        env = await self._decode(keys.LOCAL, raw)
-        if env is None:
-            return
-        try:
-            validate(env)
-        except InvalidMessage as exc:
-            await self._refuse_local(raw, env, exc)
+    async def local(self, raws: list[bytes]) -> None:
+        """Accept a batch of local requests, in order, in two round trips for the valid ones."""
+        valid: list[tuple[bytes, Envelope]] = []
+        for raw in raws:
+            env = await self._decode(keys.LOCAL, raw)
+            if env is None:
+                continue
+            try:
+                validate(env)
+            except InvalidMessage as exc:
+                await self._refuse_local(raw, env, exc)
+                continue
+            valid.append((raw, env))
+        if not valid:
             return
         now = self._clock()
-        # A local client cannot ask for the proxy flow; honouring it would loop the reply back here.
-        original = env.replace(now=int(now), src=self._twin, pxy=False, sig="")
-        uids = await self._store.next_uids(env.dst)
-        deadline = now + env.lifetime_s
-        if await self._store.accept_request(
-            raw, original.encode(), deadline, list(zip(uids, env.dst, strict=True))
-        ):
-            log.debug("accepted request cmd=%s ret=%s uids=%s", env.cmd, env.ret, ",".join(uids))
-            self._on_accepted(env.dst)
+        uid_lists = await self._store.next_uids([env.dst for _raw, env in valid])
+        requests = []
+        for (raw, env), uids in zip(valid, uid_lists, strict=True):
+            # A local client cannot ask for the proxy flow; honouring it would loop the reply back here.
+            original = env.replace(now=int(now), src=self._twin, pxy=False, sig="")
+            pairs = list(zip(uids, env.dst, strict=True))
+            requests.append(AcceptedRequest(raw, original.encode(), now + env.lifetime_s, pairs))
+        accepted = await self._store.accept_requests(requests)
+        destinations: set[int] = set()
+        for (_raw, env), uids, ok in zip(valid, uid_lists, accepted, strict=True):
+            if ok:
+                log.debug("accepted request cmd=%s ret=%s uids=%s", env.cmd, env.ret, ",".join(uids))
+                destinations.update(env.dst)
+                self._metrics.message("accepted", len(uids))
+        self._on_accepted(destinations)
 
     async def _refuse_local(self, raw: bytes, env: Envelope, exc: InvalidMessage) -> None:
+        self._metrics.error("invalid")
         if not env.ret or keys.is_system_queue(env.ret):
-            await self._store.dead_letter(keys.LOCAL, raw, exc.wire_text)
+            await self._dead_letter(keys.LOCAL, raw, exc.wire_text)
             log.error("dead-lettered local request cmd=%r without a usable return queue: %s", env.cmd, exc)
             return
         error = env.replace(err=exc.wire_text, src=self._twin, now=int(self._clock()))
@@ -77,89 +105,117 @@ class Handlers:
 
     # --- msgbus.system.remote: requests from other sites, to run here -------------------------------------
 
-    async def remote(self, raw: bytes) -> None:
-        env = await self._decode(keys.REMOTE, raw)
-        if env is None:
-            return
-        try:
-            validate(env, need_destination=not env.pxy)
-        except InvalidMessage as exc:
-            # The sender waits for an answer to this uid: send the error back as the reply.
-            error = env.replace(
-                src=self._twin, dst=(env.src,), err=exc.wire_text, dat="", now=int(self._clock())
-            )
-            log.info("refused request uid=%s from twin %s: %s", env.uid, env.src, exc.wire_text)
-            await self._route_reply(keys.REMOTE, raw, error)
-            return
-        await self._store.hand_over(keys.REMOTE, raw, keys.command_queue(env.cmd), raw)
-        log.debug("queued request uid=%s from twin %s for %s", env.uid, env.src, keys.command_queue(env.cmd))
+    async def remote(self, raws: list[bytes]) -> None:
+        """Hand a batch of requests from other sites to their services, in order, in one round trip."""
+        hand_overs = []
+        for raw in raws:
+            env = await self._decode(keys.REMOTE, raw)
+            if env is None:
+                continue
+            try:
+                validate(env, need_destination=not env.pxy)
+            except InvalidMessage as exc:
+                # The sender waits for an answer to this uid: send the error back as the reply.
+                error = env.replace(
+                    src=self._twin, dst=(env.src,), err=exc.wire_text, dat="", now=int(self._clock())
+                )
+                log.info("refused request uid=%s from twin %s: %s", env.uid, env.src, exc.wire_text)
+                await self._route_reply(keys.REMOTE, raw, error)
+                continue
+            hand_overs.append((raw, keys.command_queue(env.cmd), raw))
+            log.debug("queueing request uid=%s from twin %s for %s", env.uid, env.src, env.cmd)
+        if hand_overs:
+            await self._store.hand_over_many(keys.REMOTE, hand_overs)
+            self._metrics.message("delivered_to_service", len(hand_overs))
 
     # --- msgbus.system.reply: replies from local services and from other sites ----------------------------
 
-    async def reply(self, raw: bytes) -> None:
-        env = await self._decode(keys.REPLY, raw)
-        if env is not None:
-            await self._route_reply(keys.REPLY, raw, env)
+    async def reply(self, raws: list[bytes]) -> None:
+        """Route a batch of replies: to local callers, or on to the twins that asked, in a few round trips."""
+        deliveries: list[tuple[bytes, Envelope]] = []
+        forwards: list[tuple[bytes, Envelope]] = []
+        for raw in raws:
+            env = await self._decode(keys.REPLY, raw)
+            if env is None:
+                continue
+            if not env.pxy and env.dst and env.dst[0] == self._twin:
+                deliveries.append((raw, env))
+            elif not env.pxy and env.dst and env.src == self._twin:
+                forwards.append((raw, env))
+            else:
+                await self._route_reply(keys.REPLY, raw, env)
+        if deliveries:
+            await self._deliver_replies(keys.REPLY, deliveries)
+        if forwards:
+            await self._forward_replies(keys.REPLY, forwards)
 
     async def _route_reply(self, queue: str, raw: bytes, env: Envelope) -> None:
         if env.pxy:
             await self._reply_to_proxy_client(queue, raw, env)
         elif not env.dst:
-            await self._store.dead_letter(queue, raw, "reply has no destination twin")
+            await self._dead_letter(queue, raw, "reply has no destination twin")
         elif env.dst[0] == self._twin:
-            await self._deliver_reply(queue, raw, env)
+            await self._deliver_replies(queue, [(raw, env)])
         elif env.src == self._twin:
-            await self._forward_reply(queue, raw, env)
+            await self._forward_replies(queue, [(raw, env)])
         else:
             reason = (
                 f"reply from twin {env.src} to twin {env.dst[0]} does not concern this twin ({self._twin})"
             )
-            await self._store.dead_letter(queue, raw, reason)
+            await self._dead_letter(queue, raw, reason)
             log.error("dead-lettered reply uid=%s: %s", env.uid, reason)
 
     async def _reply_to_proxy_client(self, queue: str, raw: bytes, env: Envelope) -> None:
         if not env.ret or keys.is_system_queue(env.ret):
-            await self._store.dead_letter(queue, raw, "proxy reply without a client return queue")
+            await self._dead_letter(queue, raw, "proxy reply without a client return queue")
             log.error("dead-lettered proxy reply uid=%s: no client return queue", env.uid)
             return
         await self._store.hand_to_caller(queue, raw, env.ret, env.encode())
         log.debug("proxy reply uid=%s stored in %s", env.uid, env.ret)
 
-    async def _deliver_reply(self, queue: str, raw: bytes, env: Envelope) -> None:
-        entry = await self._store.backlog_entry(env.uid)
-        if entry is None:
-            await self._store.ack(queue, raw)
-            log.info(
-                "dropped reply uid=%s from twin %s: no open request (late or duplicate)", env.uid, env.src
-            )
-            return
-        expected = destination_of(env.uid)
-        if expected != env.src:
-            reason = (
-                f"reply for uid {env.uid} came from twin {env.src}, but the request went to twin {expected}"
-            )
-            await self._store.dead_letter(queue, raw, reason)
-            log.error("dead-lettered reply: %s", reason)
-            return
-        try:
-            original = Envelope.decode(entry)
-        except EnvelopeDecodeError as exc:
-            await self._store.forget_request(env.uid)
-            await self._store.dead_letter(queue, raw, f"backlog entry of {env.uid} unreadable: {exc.reason}")
-            return
-        delivered = await self._store.finish(
-            env.uid, original.ret, env.replace(ret=original.ret).encode(), ack=(queue, raw)
-        )
-        if delivered:
-            log.debug("delivered reply uid=%s from twin %s to %s", env.uid, env.src, original.ret)
-        else:
-            log.info("dropped reply uid=%s from twin %s: request already finished", env.uid, env.src)
+    async def deliver_from_peers(self, replies: list[Envelope]) -> None:
+        """Replies another site just sent (checked by the HTTP door), straight to their callers."""
+        await self._deliver_replies(None, [(b"", env) for env in replies])
 
-    async def _forward_reply(self, queue: str, raw: bytes, env: Envelope) -> None:
+    async def _deliver_replies(self, queue: str | None, replies: list[tuple[bytes, Envelope]]) -> None:
+        """Hand replies to their callers; each request's first one wins. ``queue`` is where the items were
+        popped from (they are acked), or None for replies that were not popped from a queue."""
+        self._metrics.message("reply_received", len(replies))
+        entries = await self._store.load_entries([keys.REQUEST_PREFIX + env.uid for _raw, env in replies])
+        outcomes: list[Outcome] = []
+        for (raw, env), (entry, _) in zip(replies, entries, strict=True):
+            if entry is None:
+                # The final-outcome script acks the item and delivers nothing: the request is finished.
+                outcomes.append(Outcome(env.uid, env.ret or keys.REPLY, b"", raw))
+                continue
+            expected = destination_of(env.uid)
+            if expected != env.src:
+                reason = f"reply for uid {env.uid} came from twin {env.src}, not from twin {expected}"
+                await self._set_aside(queue, raw, env, reason)
+                log.error("dead-lettered reply: %s", reason)
+                continue
+            try:
+                original = Envelope.decode(entry)
+            except EnvelopeDecodeError as exc:
+                await self._store.forget_request(env.uid)
+                await self._set_aside(queue, raw, env, f"backlog entry of {env.uid} unreadable: {exc.reason}")
+                continue
+            outcomes.append(Outcome(env.uid, original.ret, env.replace(ret=original.ret).encode(), raw))
+        delivered = await self._store.finish_many(outcomes, ack_queue=queue)
+        for outcome, done in zip(outcomes, delivered, strict=True):
+            if done:
+                self._metrics.message("delivered_to_caller")
+                log.debug("delivered reply uid=%s to %s", outcome.uid, outcome.ret)
+            else:
+                log.info("dropped reply uid=%s: no open request (late or duplicate)", outcome.uid)
+
+    async def _forward_replies(self, queue: str, replies: list[tuple[bytes, Envelope]]) -> None:
+        """Queue services' replies for the twins that asked (sent by those twins' senders)."""
         now = self._clock()
-        key = keys.reply_key(env.dst[0], env.uid)
-        payload = env.replace(sig="")
-        state = {"first": now, "attempts": 0, "deadline": now + env.lifetime_s}
-        lease = self._outbox.lease_until()
-        if await self._store.accept_reply(queue, raw, key, payload.encode(), state, lease):
-            await self._outbox.attempt_reply(key, payload, state)
+        pending = []
+        for raw, env in replies:
+            key = keys.reply_key(env.dst[0], env.uid)
+            state = {"first": now, "attempts": 0, "deadline": now + env.lifetime_s}
+            pending.append(PendingReply(raw, env.dst[0], key, env.replace(sig="").encode(), state))
+        accepted = await self._store.accept_replies(queue, pending)
+        self._on_accepted({item.dst for item, ok in zip(pending, accepted, strict=True) if ok})

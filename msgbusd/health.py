@@ -37,6 +37,10 @@ class PeerHealth:
         self._clock = clock
         self._peers: dict[int, _Peer] = {}
 
+    def open_count(self) -> int:
+        """How many peers have an open circuit."""
+        return sum(1 for peer in self._peers.values() if peer.failures >= self._failures_to_open)
+
     def is_open(self, twin: int) -> bool:
         peer = self._peers.get(twin)
         return peer is not None and peer.failures >= self._failures_to_open

@@ -9,25 +9,29 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import ipaddress
 import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
-from msgbusd.errors import RejectedRequest, go_duration, http_error_body
-from msgbusd.queues import Store
+from msgbusd.errors import InvalidMessage, RejectedRequest, go_duration, http_error_body
+from msgbusd.forwarder import BATCH_PATH, REMOTE_PATH, REPLY_PATH
+from msgbusd.metrics import ErrorCause, Metrics
+from msgbusd.queues import Inbound, Store
 from msgbusd.signing import SignatureError, Signer, verify
+from msgbusd.validation import validate
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
 
 log = logging.getLogger("msgbusd.http")
@@ -36,15 +40,22 @@ ACCEPTED_BODY = b'{"status": "accepted"}'
 JSON_TYPE = "application/json"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Door:
-    """What the endpoints need: the site's Redis, its resolver and key, and a clock."""
+    """What the endpoints need: the site's Redis, its resolver and key, and a clock.
+
+    With ``twin`` and ``deliver_replies`` set (the daemon sets them), replies for this twin go straight to
+    their callers; requests always go straight to their service's list once checked and valid.
+    """
 
     store: Store
     resolver: Resolver
     signer: Signer
     freshness_s: float = 60.0
     clock: Callable[[], float] = time.time
+    metrics: Metrics = field(default_factory=Metrics)
+    twin: int = 0
+    deliver_replies: Callable[[list[Envelope]], Awaitable[None]] | None = None
 
     async def verified(self, request: Request) -> Envelope:
         """The request's envelope, if it passes every check; else :class:`RejectedRequest`."""
@@ -52,9 +63,20 @@ class Door:
         try:
             env = Envelope.decode(body)
         except EnvelopeDecodeError as exc:
+            self._rejected("invalid")
             raise RejectedRequest(400, "couldn't parse json") from exc
+        await self.check(env)
+        return env
+
+    def _rejected(self, cause: ErrorCause) -> None:
+        self.metrics.message("rejected")
+        self.metrics.error(cause)
+
+    async def check(self, env: Envelope) -> None:
+        """Freshness, the source twin's key and the signature, in go-rmb's order."""
         now = int(self.clock())
         if now - env.now > self.freshness_s:
+            self._rejected("too_old")
             age = go_duration(self.clock() - env.now)
             raise RejectedRequest(
                 400, f"message is too old, sent since {age}, sent time: {env.now}, now: {now}"
@@ -62,31 +84,67 @@ class Door:
         try:
             twin = await self.resolver.get_twin(env.src)
         except TwinNotFound as exc:
+            self._rejected("not_found")
             raise RejectedRequest(400, f"source twin {env.src} not found") from exc
         except ResolverError as exc:
+            self._rejected("other")
             raise RejectedRequest(502, f"couldn't get twin {env.src} public key: {exc}") from exc
         try:
             verify(env, twin.public_key)
         except SignatureError as exc:
+            self._rejected("signature")
             raise RejectedRequest(400, exc.message) from exc
-        return env
 
+    async def take(self, messages: list[tuple[str, Envelope]]) -> None:
+        """Hand on checked envelopes that came in on ``/zbus-remote`` or ``/zbus-reply``: valid requests to
+        their service's list (once per lifetime), replies for this twin to their callers, anything else to
+        the daemon's queues (which answer invalid requests with an error)."""
+        replies = [env for path, env in messages if path == REPLY_PATH and self._for_our_callers(env)]
+        items = [
+            self._inbound(path, env)
+            for path, env in messages
+            if not (path == REPLY_PATH and self._for_our_callers(env))
+        ]
+        self.metrics.message("received", len(messages))
+        if items:
+            queued = await self.store.queue_from_peers(items)
+            duplicates = len(queued) - sum(queued)
+            if duplicates:
+                self.metrics.message("duplicate", duplicates)
+                log.info(
+                    "%d request(s) re-sent by a twin were already accepted; not queued again", duplicates
+                )
+        if replies and self.deliver_replies is not None:
+            await self.deliver_replies(replies)
 
-def create_app(door: Door) -> Starlette:
-    async def remote(request: Request) -> Response:
-        env = await door.verified(request)
+    def _for_our_callers(self, env: Envelope) -> bool:
+        return self.deliver_replies is not None and not env.pxy and bool(env.dst) and env.dst[0] == self.twin
+
+    def _inbound(self, path: str, env: Envelope) -> Inbound:
+        if path == REPLY_PATH:
+            return Inbound(keys.REPLY, env.encode())
+        try:
+            validate(env)
+        except InvalidMessage:
+            return Inbound(keys.REMOTE, env.encode())
+        target = keys.command_queue(env.cmd)
         if not env.uid:
-            await door.store.push(keys.REMOTE, env.encode())
-        elif not await door.store.accept_remote(
-            env.src, seen_id(env), dedup_ttl_s(env, door.freshness_s), env.encode()
-        ):
-            log.info("request uid=%s from twin %s was already accepted; not queued again", env.uid, env.src)
+            return Inbound(target, env.encode(), to_service=True)
+        ttl_s = dedup_ttl_s(env, self.freshness_s)
+        return Inbound(target, env.encode(), env.src, seen_id(env), ttl_s, to_service=True)
+
+
+def create_app(door: Door, extra_routes: Sequence[Route] = ()) -> Starlette:
+    async def remote(request: Request) -> Response:
+        await door.take([(REMOTE_PATH, await door.verified(request))])
         return _accepted()
 
     async def reply(request: Request) -> Response:
-        env = await door.verified(request)
-        await door.store.push(keys.REPLY, env.encode())
+        await door.take([(REPLY_PATH, await door.verified(request))])
         return _accepted()
+
+    async def batch(request: Request) -> Response:
+        return Response(await take_batch(door, await request.body()), 200, media_type=JSON_TYPE)
 
     async def cmd(request: Request) -> Response:
         env = await door.verified(request)
@@ -113,8 +171,74 @@ def create_app(door: Door) -> Starlette:
         Route("/zbus-reply", _Endpoint(reply)),
         Route("/zbus-cmd", _Endpoint(cmd)),
         Route("/zbus-result", _Endpoint(result)),
+        Route(BATCH_PATH, _Endpoint(batch)),
+        *extra_routes,
     ]
     return Starlette(routes=routes)
+
+
+def loopback_only(app: ASGIApp) -> ASGIApp:
+    """Serve ``app`` to clients on this machine only: the site port is public, operations data is not."""
+    return _LoopbackOnly(app)
+
+
+class _LoopbackOnly:
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        if client and _is_loopback(client[0]):
+            await self._app(scope, receive, send)
+            return
+        body = http_error_body("only served to clients on this machine")
+        await Response(body, 403, media_type=JSON_TYPE)(scope, receive, send)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    # On a dual-stack socket an IPv4 client shows up as ::ffff:127.0.0.1.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+async def take_batch(door: Door, body: bytes) -> bytes:
+    """``/zbus-batch``, between msgbus sites: many envelopes in one POST, each checked and answered alone.
+
+    Body ``{"messages": [{"path": "/zbus-remote" | "/zbus-reply", "envelope": {...}}, ...]}``; answer
+    ``{"results": [{"status": 200} | {"status": 400, "message": "..."}, ...]}`` in the same order.
+    """
+    try:
+        messages = json.loads(body)["messages"]
+        if not isinstance(messages, list):
+            raise TypeError("messages is not a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RejectedRequest(400, "couldn't parse json") from exc
+    results: list[dict[str, object]] = [{"status": 200} for _ in messages]
+    accepted: list[tuple[str, Envelope]] = []
+    for index, message in enumerate(messages):
+        try:
+            path, env = _batch_item(message)
+            await door.check(env)
+        except RejectedRequest as exc:
+            results[index] = {"status": exc.status, "message": exc.message}
+            continue
+        accepted.append((path, env))
+    await door.take(accepted)
+    return json.dumps({"results": results}).encode()
+
+
+def _batch_item(message: object) -> tuple[str, Envelope]:
+    if not isinstance(message, dict) or message.get("path") not in (REMOTE_PATH, REPLY_PATH):
+        raise RejectedRequest(400, "couldn't parse json")
+    try:
+        return str(message["path"]), Envelope.from_wire(message.get("envelope"))
+    except EnvelopeDecodeError as exc:
+        raise RejectedRequest(400, "couldn't parse json") from exc
 
 
 def seen_id(env: Envelope) -> str:

@@ -73,10 +73,11 @@ DEAD_LETTER_MAX = 10_000
 
 
 def send_queue(dst: int) -> str:
-    """list: uids of requests to twin ``dst`` not yet sent once, in the order they were accepted.
+    """list: requests (``req:<uid>``) and replies (``rep:<key>``) to twin ``dst`` not yet sent once, in the
+    order they were accepted.
 
-    The daemon's sender for ``dst`` reads the head, sends it, then pops it: a crash in between re-sends it,
-    which the receiver's de-duplication absorbs.
+    The daemon's sender for ``dst`` reads the first entries, sends them, then pops them: a crash in between
+    re-sends them, which the receiver's de-duplication absorbs.
     """
     return f"msgbus.system.send.{dst}"
 

@@ -7,9 +7,11 @@ due time pushed past the HTTP timeout), so if the daemon dies mid-send the timer
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from msgbusd import keys
@@ -18,7 +20,8 @@ from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import DeliveryError, all_retries_done_text, expired_text
 from msgbusd.forwarder import REMOTE_PATH, REPLY_PATH, Forwarder
 from msgbusd.health import PeerHealth
-from msgbusd.queues import Store, reply_member, request_member
+from msgbusd.metrics import Metrics
+from msgbusd.queues import Outcome, Store, reply_member, request_member
 
 log = logging.getLogger("msgbusd.outbox")
 
@@ -39,6 +42,25 @@ def destination_of(uid: str) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class SendItem:
+    """One entry of a send queue, ready to go: the envelope to send and what to do with its outcome."""
+
+    entry: str
+    path: str
+    envelope: Envelope
+    original: Envelope | None = None
+    state: dict[str, float] | None = None
+
+    @property
+    def uid(self) -> str:
+        return self.entry.removeprefix(keys.REQUEST_PREFIX)
+
+    @property
+    def reply_key(self) -> str:
+        return self.entry.removeprefix(keys.REPLY_PREFIX)
+
+
 class Outbox:
     def __init__(
         self,
@@ -51,7 +73,9 @@ class Outbox:
         backoff: Backoff,
         hold_offline: bool = False,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics or Metrics()
         self._store = store
         self._forwarder = forwarder
         self._twin = twin
@@ -63,6 +87,69 @@ class Outbox:
 
     def lease_until(self) -> float:
         return self._clock() + self._lease_s
+
+    # --- first attempts, in batches (see msgbusd.senders) ------------------------------------------------
+
+    async def prepare(self, entries: list[str]) -> list[SendItem]:
+        """The send-queue entries that still have something to send (finished ones are left out)."""
+        items = []
+        for entry, (first, second) in zip(entries, await self._store.load_entries(entries), strict=True):
+            item = await self._item(entry, first, second)
+            if item is not None:
+                items.append(item)
+        return items
+
+    async def _item(self, entry: str, first: bytes | None, second: bytes | None) -> SendItem | None:
+        if entry.startswith(keys.REPLY_PREFIX):
+            key = entry.removeprefix(keys.REPLY_PREFIX)
+            if first is None:
+                return None
+            try:
+                env = Envelope.decode(first)
+            except EnvelopeDecodeError as exc:
+                await self._store.forget_reply(key)
+                log.error("dropped unreadable pending reply %s: %s", key, exc.reason)
+                return None
+            state = json.loads(second) if second else {}
+            return SendItem(entry, REPLY_PATH, env, state=state)
+        uid = entry.removeprefix(keys.REQUEST_PREFIX)
+        if first is None:
+            await self._store.forget_request(uid)
+            return None
+        try:
+            original = Envelope.decode(first)
+        except EnvelopeDecodeError as exc:
+            log.error("backlog entry of uid=%s is unreadable (%s); dropping it", uid, exc.reason)
+            await self._store.forget_request(uid)
+            return None
+        return SendItem(entry, REMOTE_PATH, self.forwarded_copy(original, uid, 0), original=original)
+
+    async def send_items(self, dst: int, items: list[SendItem]) -> list[DeliveryError | None]:
+        """Send a batch to ``dst``, keeping the peer's health up to date."""
+        results = await self._forwarder.send_many(dst, [(item.path, item.envelope) for item in items])
+        for error in results:
+            if error is not None:
+                self.metrics.error(error.kind)
+        offline = next((r for r in results if r is not None and r.offline), None)
+        if offline is not None:
+            self.health.unreachable(dst, offline.cause)
+        elif any(r is None for r in results):
+            self.health.succeeded(dst)
+        return results
+
+    async def item_sent(self, item: SendItem) -> None:
+        if item.original is None:
+            await self._store.forget_reply(item.reply_key)
+            self.metrics.message("reply_sent")
+        else:
+            self.metrics.message("sent")
+        log.debug("sent %s to twin %s", item.entry, item.envelope.dst[0])
+
+    async def item_failed(self, item: SendItem, cause: str) -> None:
+        if item.original is not None:
+            await self.failed(item.uid, item.original, cause)
+        else:
+            await self._reply_failed(item.reply_key, item.envelope, item.state or {}, cause)
 
     # --- requests ----------------------------------------------------------------------------------------
 
@@ -90,8 +177,10 @@ class Outbox:
         except DeliveryError as exc:
             if exc.offline:
                 self.health.unreachable(dst, exc.cause)
+            self.metrics.error(exc.kind)
             return exc
         self.health.succeeded(dst)
+        self.metrics.message("sent")
         log.debug("sent request uid=%s cmd=%s to twin %s", uid, env.cmd, dst)
         return None
 
@@ -105,6 +194,7 @@ class Outbox:
         if failures <= original.retries:
             delay = self._backoff.delay_s(failures)
             if await self._store.schedule_retry(uid, self._clock() + delay):
+                self.metrics.message("retried")
                 log.info(
                     "send of uid=%s to twin %s failed (%s); retry %d/%d in %.1fs",
                     uid,
@@ -117,6 +207,7 @@ class Outbox:
             return
         error = original.replace(src=dst or 0, err=all_retries_done_text(cause), now=int(self._clock()))
         if await self._store.finish(uid, original.ret, error.encode()):
+            self.metrics.message("failed")
             log.warning(
                 "request uid=%s cmd=%s to twin %s failed after %d attempts: %s",
                 uid,
@@ -164,6 +255,7 @@ class Outbox:
             await self._reply_failed(key, env, state, exc.cause)
             return
         self.health.succeeded(dst)
+        self.metrics.message("reply_sent")
         await self._store.forget_reply(key)
         log.debug("sent reply uid=%s cmd=%s to twin %s", env.uid, env.cmd, dst)
 
@@ -181,7 +273,7 @@ class Outbox:
         state = {**state, "attempts": attempts}
         await self._store.update_reply_state(key, state)
         delay = self._backoff.delay_s(attempts)
-        await self._store.reschedule(reply_member(key), now + delay)
+        await self._store.schedule_reply(key, now + delay)
         log.info("reply uid=%s to twin %s failed (%s); retry in %.1fs", env.uid, env.dst[0], cause, delay)
 
     async def _resend_reply(self, key: str) -> None:
@@ -217,23 +309,37 @@ class Outbox:
             log.error("dropped unknown outbox entry %r", member)
 
     async def expire_due(self) -> int:
-        """Give every request past its deadline its timeout error; returns how many expired."""
+        """Give requests past their deadline their timeout error, a batch at a time in two round trips;
+        returns how many deadlines were dealt with (a full batch means: call again)."""
         uids = await self._store.due_deadlines(self._clock(), CLAIM_BATCH)
-        expired = 0
-        for uid in uids:
-            original = await self.load_original(uid)
+        if not uids:
+            return 0
+        entries = await self._store.load_entries([keys.REQUEST_PREFIX + uid for uid in uids])
+        outcomes: list[Outcome] = []
+        expired: list[tuple[str, Envelope]] = []
+        for uid, (entry, _) in zip(uids, entries, strict=True):
+            original = None if entry is None else _decode_or_none(entry)
             if original is None:
+                await self._store.forget_request(uid)
                 continue
-            exp_s = original.lifetime_s
             error = original.replace(
-                uid=uid, src=destination_of(uid) or 0, err=expired_text(exp_s), now=int(self._clock())
+                uid=uid,
+                src=destination_of(uid) or 0,
+                err=expired_text(original.lifetime_s),
+                now=int(self._clock()),
             )
-            if await self._store.finish(uid, original.ret, error.encode()):
-                expired += 1
+            outcomes.append(Outcome(uid, original.ret, error.encode()))
+            expired.append((uid, original))
+        for (uid, original), done in zip(expired, await self._store.finish_many(outcomes), strict=True):
+            if done:
+                self.metrics.message("expired")
                 log.warning(
-                    "request uid=%s cmd=%s expired after %ss without a reply", uid, original.cmd, exp_s
+                    "request uid=%s cmd=%s expired after %ss without a reply",
+                    uid,
+                    original.cmd,
+                    original.lifetime_s,
                 )
-        return expired
+        return len(uids)
 
     async def load_original(self, uid: str) -> Envelope | None:
         """The backlog entry of ``uid``, or None (bookkeeping cleaned) if it already has an outcome."""
@@ -247,3 +353,10 @@ class Outbox:
             log.error("backlog entry of uid=%s is unreadable (%s); dropping it", uid, exc.reason)
             await self._store.forget_request(uid)
             return None
+
+
+def _decode_or_none(entry: bytes) -> Envelope | None:
+    try:
+        return Envelope.decode(entry)
+    except EnvelopeDecodeError:
+        return None

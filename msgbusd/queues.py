@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -24,6 +25,18 @@ while redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT') do
   moved = moved + 1
 end
 return moved
+"""
+
+# Moves up to ARGV[1] items from the head of a queue to its processing list, without blocking.
+# KEYS: queue, processing.
+_POP_MANY = """
+local items = {}
+for i = 1, tonumber(ARGV[1]) do
+  local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+  if not item then break end
+  items[i] = item
+end
+return items
 """
 
 # KEYS: processing, target. ARGV: raw item, payload, ttl seconds (0 = none).
@@ -50,26 +63,28 @@ for i = 5, #KEYS do
   local uid = ARGV[4 + (i - 5) * 2]
   redis.call('HSET', KEYS[2], uid, ARGV[2])
   redis.call('ZADD', KEYS[3], ARGV[3], uid)
-  redis.call('RPUSH', KEYS[i], uid)
+  redis.call('RPUSH', KEYS[i], 'req:' .. uid)
   redis.call('SADD', KEYS[4], ARGV[5 + (i - 5) * 2])
 end
 return 1
 """
 
-# KEYS: processing, replies, reply state, outbox. ARGV: raw item, key, payload, state, lease end, member.
+# KEYS: processing, replies, reply state, send queue, destinations set.
+# ARGV: raw item, key, payload, state, destination.
 _ACCEPT_REPLY = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
-redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+redis.call('RPUSH', KEYS[4], 'rep:' .. ARGV[2])
+redis.call('SADD', KEYS[5], ARGV[5])
 return 1
 """
 
 # The receiving side of /zbus-remote: queue a request once per (source twin, uid, content).
-# KEYS: seen marker, remote queue. ARGV: ttl seconds, payload.
+# KEYS: seen marker, target list. ARGV: ttl seconds, payload, LPUSH (a service's list) or RPUSH.
 _ACCEPT_REMOTE = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call(ARGV[3], KEYS[2], ARGV[2])
   return 1
 end
 return 0
@@ -98,11 +113,11 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 return 1
 """
 
-# Removes the head of a destination's send queue if it is still ``uid``; forgets an emptied queue.
-# KEYS: send queue, destinations set. ARGV: uid, destination.
+# Removes the first ``count`` entries of a destination's send queue if it still starts with ``first``;
+# forgets an emptied queue. KEYS: send queue, destinations set. ARGV: first entry, count, destination.
 _DROP_HEAD = """
-if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1]) end
-if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[2]) end
+if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1], tonumber(ARGV[2])) end
+if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[3]) end
 return 1
 """
 
@@ -115,6 +130,57 @@ for _, member in ipairs(due) do
 end
 return due
 """
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """An envelope another site sent, for ``queue``; with a ``seen_id`` it is queued once per lifetime.
+
+    A service's list is pushed on the left (services pop on the right: first in, first out); the daemon's
+    own queues on the right (it pops on the left).
+    """
+
+    queue: str
+    payload: bytes
+    src: int = 0
+    seen_id: str = ""
+    ttl_s: int = 0
+    to_service: bool = False
+
+    @property
+    def push(self) -> str:
+        return "LPUSH" if self.to_service else "RPUSH"
+
+
+@dataclass(frozen=True)
+class AcceptedRequest:
+    """A local request to record: its raw item, the backlog entry, its deadline, and (uid, twin) pairs."""
+
+    raw: bytes
+    original: bytes
+    deadline: float
+    uids: Sequence[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The final message of request ``uid`` for ``ret``; ``raw`` is the popped item it answers, if any."""
+
+    uid: str
+    ret: str
+    payload: bytes
+    raw: bytes = b""
+
+
+@dataclass(frozen=True)
+class PendingReply:
+    """A service's reply to forward to twin ``dst``, from the popped item ``raw``."""
+
+    raw: bytes
+    dst: int
+    key: str
+    payload: bytes
+    state: dict[str, float]
 
 
 def _item(raw: bytes) -> str:
@@ -146,6 +212,7 @@ class Store:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
         self._recover = redis.register_script(_RECOVER)
+        self._pop_many = redis.register_script(_POP_MANY)
         self._hand_over = redis.register_script(_HAND_OVER)
         self._dead_letter = redis.register_script(_DEAD_LETTER)
         self._accept_request = redis.register_script(_ACCEPT_REQUEST)
@@ -167,6 +234,19 @@ class Store:
         # redis-py types the timeout as int, but Redis takes (and sends) fractional seconds.
         item = await self.redis.blmove(queue, keys.processing(queue), cast(int, block_s), "LEFT", "RIGHT")
         return cast(bytes | None, item)
+
+    async def pop_many(self, queue: str, count: int) -> list[bytes]:
+        """Move up to ``count`` items from the head of ``queue`` into its processing list, without waiting."""
+        return list(await self._pop_many(keys=[queue, keys.processing(queue)], args=[count]))
+
+    async def hand_over_many(self, queue: str, items: Sequence[tuple[bytes, str, bytes]]) -> None:
+        """:meth:`hand_over` for many ``(raw, target, payload)`` at once, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for raw, target, payload in items:
+                await self._hand_over(
+                    keys=[keys.processing(queue), target], args=[raw, payload, 0], client=pipe
+                )
+            await pipe.execute()
 
     async def ack(self, queue: str, raw: bytes) -> None:
         await self.redis.lrem(keys.processing(queue), 1, _item(raw))
@@ -201,46 +281,90 @@ class Store:
         """RPUSH onto a system queue."""
         await self.redis.rpush(queue, payload)
 
-    async def accept_remote(self, src: int, seen_id: str, ttl_s: int, payload: bytes) -> bool:
-        """Queue a request from another site unless the same one was accepted within ``ttl_s``."""
-        done = await self._accept_remote(keys=[keys.seen(src, seen_id), keys.REMOTE], args=[ttl_s, payload])
-        return bool(done)
+    async def queue_from_peers(self, items: Sequence[Inbound]) -> list[bool]:
+        """Queue what other sites sent, in one round trip; a request already accepted within its lifetime
+        (same source twin and seen id) is not queued again (False)."""
+        if not items:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for item in items:
+                if item.seen_id:
+                    await self._accept_remote(
+                        keys=[keys.seen(item.src, item.seen_id), item.queue],
+                        args=[item.ttl_s, item.payload, item.push],
+                        client=pipe,
+                    )
+                elif item.to_service:
+                    pipe.lpush(item.queue, item.payload)
+                else:
+                    pipe.rpush(item.queue, item.payload)
+            return [bool(done) for done in await pipe.execute()]
+
+    async def depths(self) -> dict[str, int]:
+        """Items waiting in each system queue, in the backlog and in the dead-letter list."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for queue in keys.SYSTEM_QUEUES:
+                pipe.llen(queue)
+            pipe.hlen(keys.BACKLOG)
+            pipe.llen(keys.DEAD_LETTER)
+            counts = await pipe.execute()
+        names = [*keys.SYSTEM_QUEUES, keys.BACKLOG, keys.DEAD_LETTER]
+        return {name: int(count) for name, count in zip(names, counts, strict=True)}
 
     async def read_list(self, key: str) -> list[bytes]:
         return cast(list[bytes], await self.redis.lrange(key, 0, -1))
 
     # --- requests: uids, backlog, send queues, deadlines -------------------------------------------------
 
-    async def next_uids(self, destinations: Sequence[int]) -> list[str]:
-        """One ``<dst>.<n>`` per destination, n from ``INCR msgbus.counter.<dst>``."""
+    async def next_uids(self, requests: Sequence[Sequence[int]]) -> list[list[str]]:
+        """For each request's destinations, one ``<dst>.<n>`` each, n from ``INCR msgbus.counter.<dst>``."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for dst in destinations:
-                pipe.incr(keys.uid_counter(dst))
-            counters = await pipe.execute()
-        return [f"{dst}.{n}" for dst, n in zip(destinations, counters, strict=True)]
+            for destinations in requests:
+                for dst in destinations:
+                    pipe.incr(keys.uid_counter(dst))
+            counters = iter(await pipe.execute())
+        return [[f"{dst}.{next(counters)}" for dst in destinations] for destinations in requests]
 
-    async def accept_request(
-        self, raw: bytes, original: bytes, deadline: float, uids: Sequence[tuple[str, int]]
-    ) -> bool:
-        """Record a local request for each ``(uid, destination)`` (backlog, deadline, send queue) and ack
-        ``raw``, atomically; False if ``raw`` had already been accepted."""
-        script_keys = [keys.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
-        script_keys += [keys.send_queue(dst) for _uid, dst in uids]
-        args: list[Any] = [raw, original, deadline]
-        for uid, dst in uids:
-            args += [uid, dst]
-        return bool(await self._accept_request(keys=script_keys, args=args))
+    async def accept_requests(self, requests: Sequence[AcceptedRequest]) -> list[bool]:
+        """Record each local request for each of its destinations (backlog, deadline, send queue) and ack
+        its raw item, atomically per request; False for one that had already been accepted."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for request in requests:
+                script_keys = [keys.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
+                script_keys += [keys.send_queue(dst) for _uid, dst in request.uids]
+                args: list[Any] = [request.raw, request.original, request.deadline]
+                for uid, dst in request.uids:
+                    args += [uid, dst]
+                await self._accept_request(keys=script_keys, args=args, client=pipe)
+            return [bool(done) for done in await pipe.execute()]
 
     async def pending_destinations(self) -> list[int]:
         """Destinations whose send queue is not empty (what a previous run left to send)."""
         return sorted(int(_text(d)) for d in await self.redis.smembers(keys.DESTINATIONS))
 
-    async def send_queue_head(self, dst: int) -> str | None:
-        head = await self.redis.lindex(keys.send_queue(dst), 0)
-        return None if head is None else _text(head)
+    async def send_queue_heads(self, dst: int, count: int) -> list[str]:
+        """The first ``count`` entries (``req:<uid>`` or ``rep:<key>``) of ``dst``'s send queue."""
+        return [_text(e) for e in await self.redis.lrange(keys.send_queue(dst), 0, count - 1)]
 
-    async def drop_send_queue_head(self, dst: int, uid: str) -> None:
-        await self._drop_head(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[uid, dst])
+    async def drop_send_queue_heads(self, dst: int, first: str, count: int) -> None:
+        """Remove the first ``count`` entries of ``dst``'s send queue, which start with ``first``."""
+        await self._drop_head(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[first, count, dst])
+
+    async def load_entries(self, entries: Sequence[str]) -> list[tuple[bytes | None, bytes | None]]:
+        """For each send-queue entry: (backlog entry, None) of a request, or (payload, state) of a reply."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry in entries:
+                if entry.startswith(keys.REPLY_PREFIX):
+                    key = entry.removeprefix(keys.REPLY_PREFIX)
+                    pipe.hget(keys.REPLIES, key)
+                    pipe.hget(keys.REPLY_STATE, key)
+                else:
+                    pipe.hget(keys.BACKLOG, entry.removeprefix(keys.REQUEST_PREFIX))
+            found = iter(await pipe.execute())
+        return [
+            (next(found), next(found)) if entry.startswith(keys.REPLY_PREFIX) else (next(found), None)
+            for entry in entries
+        ]
 
     async def backlog_entry(self, uid: str) -> bytes | None:
         return cast(bytes | None, await self.redis.hget(keys.BACKLOG, uid))
@@ -290,6 +414,20 @@ class Store:
         )
         return bool(done)
 
+    async def finish_many(self, outcomes: Sequence[Outcome], ack_queue: str | None = None) -> list[bool]:
+        """:meth:`finish` for many outcomes at once, in one round trip; with ``ack_queue``, each outcome's
+        raw item is acked from that queue's processing list whether it was delivered or not."""
+        processing = keys.processing(ack_queue) if ack_queue else ""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for outcome in outcomes:
+                ttl = 0 if keys.is_system_queue(outcome.ret) else keys.RETURN_QUEUE_TTL_S
+                await self._finish(
+                    keys=[keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS, outcome.ret, processing],
+                    args=[outcome.uid, outcome.payload, ttl, request_member(outcome.uid), outcome.raw],
+                    client=pipe,
+                )
+            return [bool(done) for done in await pipe.execute()]
+
     async def forget_request(self, uid: str) -> None:
         """Drop a request and all its bookkeeping (used when its backlog entry is gone or unreadable)."""
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -301,15 +439,16 @@ class Store:
 
     # --- replies being forwarded to other sites ----------------------------------------------------------
 
-    async def accept_reply(
-        self, queue: str, raw: bytes, key: str, payload: bytes, state: dict[str, float], lease_until: float
-    ) -> bool:
-        """Record a reply to forward (payload, state, leased outbox entry) and ack ``raw``, atomically."""
-        done = await self._accept_reply(
-            keys=[keys.processing(queue), keys.REPLIES, keys.REPLY_STATE, keys.OUTBOX],
-            args=[raw, key, payload, json.dumps(state), lease_until, reply_member(key)],
-        )
-        return bool(done)
+    async def accept_replies(self, queue: str, replies: Sequence[PendingReply]) -> list[bool]:
+        """Record replies to forward (payload, state, send-queue entry) and ack each raw item, atomically per
+        reply, in one round trip; False for one already recorded."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for reply in replies:
+                script_keys = [keys.processing(queue), keys.REPLIES, keys.REPLY_STATE]
+                script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS]
+                args: list[Any] = [reply.raw, reply.key, reply.payload, json.dumps(reply.state), reply.dst]
+                await self._accept_reply(keys=script_keys, args=args, client=pipe)
+            return [bool(done) for done in await pipe.execute()]
 
     async def pending_reply(self, key: str) -> tuple[bytes, dict[str, float]] | None:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -319,6 +458,10 @@ class Store:
         if payload is None:
             return None
         return payload, (json.loads(state) if state else {})
+
+    async def schedule_reply(self, key: str, due: float) -> None:
+        """Schedule the next attempt to forward reply ``key``."""
+        await self.redis.zadd(keys.OUTBOX, {reply_member(key): due})
 
     async def update_reply_state(self, key: str, state: dict[str, float]) -> None:
         await self.redis.hset(keys.REPLY_STATE, key, json.dumps(state))

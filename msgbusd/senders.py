@@ -1,10 +1,11 @@
-"""One sender per destination twin: first attempts go out in the order the requests were accepted.
+"""One sender per destination twin: first attempts go out in the order they were accepted, many per POST.
 
-A sender reads the head of its destination's send queue in Redis, sends it, and pops it once the peer has
-it (or once it moved to the retry schedule), so what waits for a slow or absent peer stays in Redis, not in
-memory. While the peer's circuit is open a sender either fails messages fast, spending one try each as
-go-rmb would, or with ``hold_offline`` keeps them, probing the peer with the head message until it answers,
-and then lets them flow in order. A sender stops when its queue is empty and starts again when kicked.
+A sender reads the first entries of its destination's send queue in Redis (requests and replies), sends
+them in one batch, and pops them once the peer has them (or once they moved to the retry schedule), so
+what waits for a slow or absent peer stays in Redis, not in memory. While the peer's circuit is open a
+sender either fails messages fast, spending one try each as go-rmb would, or with ``hold_offline`` keeps
+them, probing the peer until it answers, and then lets them flow in order. A sender stops when its queue
+is empty and starts again when kicked.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from msgbusd.backoff import REDIS_RECONNECT
-from msgbusd.outbox import Outbox
+from msgbusd.outbox import Outbox, SendItem
 from msgbusd.queues import Store
 
 log = logging.getLogger("msgbusd.senders")
+
+# Entries sent per POST at most.
+BATCH = 64
 
 SpawnTask = Callable[[Coroutine[Any, Any, None], str], None]
 
@@ -57,12 +61,10 @@ class Senders:
             while not self._stopping.is_set():
                 wake.clear()
                 try:
-                    uid = await self._store.send_queue_head(dst)
-                    if uid is None:
+                    if not await self._send_some(dst):
                         if wake.is_set():
                             continue
                         return
-                    await self._send_head(dst, uid)
                     redis_failures = 0
                 except (RedisError, OSError) as exc:
                     # The queue is in Redis: nothing is lost, the sender just waits for Redis to be back.
@@ -74,28 +76,44 @@ class Senders:
             if self._wake.get(dst) is wake:
                 del self._wake[dst]
 
-    async def _send_head(self, dst: int, uid: str) -> None:
+    async def _send_some(self, dst: int) -> bool:
+        """Send the next batch of ``dst``'s queue; False when the queue is empty."""
         outbox = self._outbox
-        original = await outbox.load_original(uid)
-        if original is None:
-            await self._store.drop_send_queue_head(dst, uid)
-            return
+        entries = await self._store.send_queue_heads(dst, BATCH)
+        if not entries:
+            return False
+        items = await outbox.prepare(entries)
+        if not items:
+            await self._store.drop_send_queue_heads(dst, entries[0], len(entries))
+            return True
         if not outbox.health.may_send(dst):
             if outbox.hold_offline:
                 await self._pause(outbox.health.seconds_until_probe(dst))
+                return True
+            for item in items:
+                await outbox.item_failed(item, outbox.unreachable_cause(dst))
+            await self._store.drop_send_queue_heads(dst, entries[0], len(entries))
+            return True
+        done = await self._deliver(dst, entries, items)
+        if done:
+            await self._store.drop_send_queue_heads(dst, entries[0], done)
+        return True
+
+    async def _deliver(self, dst: int, entries: list[str], items: list[SendItem]) -> int:
+        """Send ``items``; returns how many leading entries are dealt with (the rest are held)."""
+        outbox = self._outbox
+        results = await outbox.send_items(dst, items)
+        for item, error in zip(items, results, strict=True):
+            if error is None:
+                await outbox.item_sent(item)
+            elif error.offline and outbox.hold_offline:
+                log.info("holding messages to twin %s while it is unreachable: %s", dst, error.cause)
+                return entries.index(item.entry)
             else:
-                await outbox.failed(uid, original, outbox.unreachable_cause(dst))
-                await self._store.drop_send_queue_head(dst, uid)
-            return
-        error = await outbox.deliver(uid, original, failures=0)
-        if error is not None and error.offline and outbox.hold_offline:
-            log.info("holding messages to twin %s while it is unreachable: %s", dst, error.cause)
-            return
-        if error is not None:
-            await outbox.failed(uid, original, error.cause)
-        await self._store.drop_send_queue_head(dst, uid)
+                await outbox.item_failed(item, error.cause)
+        return len(entries)
 
     async def _pause(self, delay_s: float) -> None:
-        """Wait until the next probe is due, or until the daemon stops."""
+        """Wait ``delay_s`` (until the next probe is due), or until the daemon stops."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), max(delay_s, 0.01))

@@ -24,6 +24,7 @@ NOW = 1_700_000_000
 SITE_TWIN = 1
 ED_TWIN = 7
 SR_TWIN = 8
+SERVICE_QUEUE = keys.command_queue("zos.statistics.get")
 
 
 class FixedClock:
@@ -117,7 +118,8 @@ async def test_signed_message_is_accepted_and_queued(
     response = await http.post(path, content=env.encode())
     assert response.status_code == 200
     assert response.content == b'{"status": "accepted"}'
-    queue = keys.REMOTE if path == "/zbus-remote" else keys.REPLY
+    # A valid request goes straight to its service's list; a reply (not for this door's twin) to the loop.
+    queue = SERVICE_QUEUE if path == "/zbus-remote" else keys.REPLY
     queued = await async_redis.lrange(queue, 0, -1)
     assert [Envelope.decode(item) for item in queued] == [env]
 
@@ -133,7 +135,7 @@ async def test_a_resent_request_is_accepted_but_queued_once(
         response = await http.post("/zbus-remote", content=env.encode())
         assert response.status_code == 200
         assert response.content == b'{"status": "accepted"}'
-    assert await async_redis.llen(keys.REMOTE) == 1
+    assert await async_redis.llen(SERVICE_QUEUE) == 1
 
 
 async def test_the_same_uid_with_other_content_or_from_another_twin_is_a_new_request(
@@ -145,7 +147,7 @@ async def test_the_same_uid_with_other_content_or_from_another_twin_is_a_new_req
         request_from(sr_signer, SR_TWIN, uid="1.6"),
     ):
         assert (await http.post("/zbus-remote", content=env.encode())).status_code == 200
-    assert await async_redis.llen(keys.REMOTE) == 3
+    assert await async_redis.llen(SERVICE_QUEUE) == 3
 
 
 async def test_the_duplicate_marker_lives_as_long_as_the_request(
@@ -156,12 +158,21 @@ async def test_the_duplicate_marker_lives_as_long_as_the_request(
     assert 30 < await async_redis.ttl(marker) <= 30 + 60
 
 
+async def test_an_invalid_request_goes_to_the_daemon_loop_which_answers_it(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, ed_signer: Signer
+) -> None:
+    env = request_from(ed_signer, ED_TWIN, cmd="")
+    assert (await http.post("/zbus-remote", content=env.encode())).status_code == 200
+    assert [Envelope.decode(item) for item in await async_redis.lrange(keys.REMOTE, 0, -1)] == [env]
+    assert await async_redis.llen(SERVICE_QUEUE) == 0
+
+
 async def test_sr25519_signatures_are_accepted(
     http: httpx.AsyncClient, async_redis: aioredis.Redis, sr_signer: Signer
 ) -> None:
     response = await http.post("/zbus-remote", content=request_from(sr_signer, SR_TWIN).encode())
     assert response.status_code == 200
-    assert await async_redis.llen(keys.REMOTE) == 1
+    assert await async_redis.llen(SERVICE_QUEUE) == 1
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE", "OPTIONS", "FETCH"])
@@ -318,3 +329,58 @@ async def test_zbus_result_refusals(http: httpx.AsyncClient, body: bytes, messag
 
 async def test_unknown_path_is_not_found(http: httpx.AsyncClient) -> None:
     assert (await http.post("/zbus-nothing", content=b"{}")).status_code == 404
+
+
+async def test_operations_endpoints_refuse_other_machines(
+    async_redis: aioredis.Redis, site_signer: Signer
+) -> None:
+    from starlette.routing import Route
+
+    from msgbusd.http_api import loopback_only
+    from msgbusd.metrics import Metrics, metrics_endpoint
+
+    door = Door(Store(async_redis), StaticResolver.from_twins([]), site_signer)
+    app = create_app(door, [Route("/metrics", loopback_only(metrics_endpoint(Metrics())))])
+    for client, status in (
+        (("10.1.2.3", 5000), 403),
+        (("::ffff:127.0.0.1", 5000), 200),
+        (("::1", 5000), 200),
+    ):
+        transport = httpx.ASGITransport(app=app, client=client)
+        async with httpx.AsyncClient(transport=transport, base_url="http://site") as http:
+            assert (await http.get("/metrics")).status_code == status
+
+
+async def test_a_batch_is_answered_message_by_message(
+    http: httpx.AsyncClient, async_redis: aioredis.Redis, ed_signer: Signer
+) -> None:
+    good = request_from(ed_signer, ED_TWIN, uid="1.10")
+    forged = request_from(ed_signer, ED_TWIN, uid="1.11").replace(dat="e31=")
+    reply = request_from(ed_signer, ED_TWIN, uid="7.3", dst=(9,))
+    body = {
+        "messages": [
+            {"path": "/zbus-remote", "envelope": good.to_wire()},
+            {"path": "/zbus-remote", "envelope": forged.to_wire()},
+            {"path": "/zbus-reply", "envelope": reply.to_wire()},
+            {"path": "/zbus-cmd", "envelope": good.to_wire()},
+        ]
+    }
+    response = await http.post("/zbus-batch", content=json.dumps(body))
+    assert response.status_code == 200
+    assert response.json() == {
+        "results": [
+            {"status": 200},
+            {"status": 400, "message": "couldn't verify signature"},
+            {"status": 200},
+            {"status": 400, "message": "couldn't parse json"},
+        ]
+    }
+    assert [Envelope.decode(x) for x in await async_redis.lrange(SERVICE_QUEUE, 0, -1)] == [good]
+    assert [Envelope.decode(x) for x in await async_redis.lrange(keys.REPLY, 0, -1)] == [reply]
+
+
+@pytest.mark.parametrize("body", [b"", b"[]", b'{"messages": 3}', b'{"other": []}'])
+async def test_a_body_that_is_not_a_batch_is_refused(http: httpx.AsyncClient, body: bytes) -> None:
+    response = await http.post("/zbus-batch", content=body)
+    assert response.status_code == 400
+    assert error_of(response) == "couldn't parse json"

@@ -380,3 +380,24 @@ def test_held_messages_still_expire() -> None:
     finally:
         site1.close()
         cluster.cleanup()
+
+
+def test_metrics_and_health_are_served_to_this_machine(cluster: LocalCluster, site1: redis.Redis) -> None:
+    with RawService(cluster.redis[1].url, "echo.metrics"):
+        ret = push_request(site1, [2], "echo.metrics")
+        pop_replies(site1, ret, 1)
+    with httpx.Client(base_url=cluster.sites[0].url, trust_env=False) as http:
+        metrics = http.get("/metrics")
+        health = http.get("/healthz")
+    assert metrics.status_code == 200
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['msgbus_messages_total{event="accepted"}'] >= 1
+    assert samples['msgbus_messages_total{event="delivered_to_caller"}'] >= 1
+    assert 'msgbus_queue_length{queue="msgbus.system.local"}' in samples
+    assert samples['msgbus_send_seconds_count{path="remote"}'] >= 1
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok"

@@ -30,7 +30,6 @@ from tests.support.tcp_proxy import TcpProxy
 
 CMD = "fault.echo"
 RECEIVERS = (2, 3)
-RETURN_QUEUES = 8
 Executions = Callable[[], dict[int, Counter[bytes]]]
 # Fast retries and probes so that a run takes seconds, not minutes.
 DAEMON_ARGS = ["--retry-delay", "0.1", "--retry-max-delay", "1", "--send-timeout", "3", "--drain-grace", "2"]
@@ -73,7 +72,7 @@ class FaultRun:
         daemon_args: tuple[str, ...] = (),
         redis_appendonly: bool = False,
         exp_s: int = 180,
-        retries: int = 5,
+        retries: int = 10,
     ) -> None:
         self.exp_s = exp_s
         self.retries = retries
@@ -91,9 +90,12 @@ class FaultRun:
         except BaseException:
             self.close()
             raise
-        self.rets = [str(uuid.uuid4()) for _ in range(RETURN_QUEUES)]
+        # One return queue for every request, emptied by a reliable pop (BLMOVE) into an archive list that
+        # the audit reads at the end: a plain BLPOP can lose the item it popped when Redis shuts down.
+        self.ret = str(uuid.uuid4())
+        self.archive = keys.processing(self.ret)
         self.outcomes: dict[tuple[int, int], list[str]] = defaultdict(list)
-        self._outcome_lock = threading.Lock()
+        self._archived = 0
         self._collecting = threading.Event()
 
     @property
@@ -104,8 +106,13 @@ class FaultRun:
         return redis.Redis.from_url(self.cluster.redis[twin - 1].url)
 
     def outcome_count(self) -> int:
-        with self._outcome_lock:
-            return sum(len(v) for v in self.outcomes.values())
+        """Outcomes received so far (the last known count while the sender's Redis is down)."""
+        try:
+            with redis.Redis.from_url(self.sender_redis) as conn:
+                self._archived = int(conn.llen(self.archive))
+        except RedisError:
+            pass
+        return self._archived
 
     # --- load --------------------------------------------------------------------------------------------
 
@@ -118,7 +125,7 @@ class FaultRun:
                 Envelope(
                     cmd=CMD,
                     dst=RECEIVERS,
-                    ret=self.rets[i % RETURN_QUEUES],
+                    ret=self.ret,
                     dat=encode_payload(str(i).encode()),
                     exp=self.exp_s,
                     retries=self.retries,
@@ -139,16 +146,16 @@ class FaultRun:
         conn = redis.Redis.from_url(self.sender_redis)
         while self._collecting.is_set():
             try:
-                item = conn.blpop(self.rets, timeout=0.5)
+                conn.blmove(self.ret, self.archive, 1, "RIGHT", "LEFT")
             except RedisError:
                 time.sleep(0.1)
-                continue
-            if item is None:
-                continue
-            env = Envelope.decode(item[1])
-            with self._outcome_lock:
-                self.outcomes[(int(env.payload), env.src)].append(env.err)
         conn.close()
+
+    def _read_archive(self) -> None:
+        with redis.Redis.from_url(self.sender_redis) as conn:
+            for raw in conn.lrange(self.archive, 0, -1):
+                env = Envelope.decode(raw)
+                self.outcomes[(int(env.payload), env.src)].append(env.err)
 
     @contextmanager
     def collecting(self) -> Iterator[None]:
@@ -190,19 +197,19 @@ class FaultRun:
             # Anything still to come would be a second outcome: give it a moment to show up.
             time.sleep(1.0)
         report = Report(scenario, count, len(RECEIVERS), seconds=elapsed)
-        with self._outcome_lock:
-            for index in range(count):
-                for twin in RECEIVERS:
-                    errors = self.outcomes.get((index, twin), [])
-                    report.outcomes += len(errors)
-                    if not errors:
-                        report.lost += 1
-                        continue
-                    report.duplicate_outcomes += len(errors) - 1
-                    if errors[0]:
-                        report.errors[_kind(errors[0])] += 1
-                    else:
-                        report.ok += 1
+        self._read_archive()
+        for index in range(count):
+            for twin in RECEIVERS:
+                errors = self.outcomes.get((index, twin), [])
+                report.outcomes += len(errors)
+                if not errors:
+                    report.lost += 1
+                    continue
+                report.duplicate_outcomes += len(errors) - 1
+                if errors[0]:
+                    report.errors[_kind(errors[0])] += 1
+                else:
+                    report.ok += 1
         report.executed_twice = sum(
             1 for counted in executions().values() for times in counted.values() if times > 1
         )

@@ -41,8 +41,10 @@ def at_progress(run: FaultRun, share: float) -> None:
 
 
 @contextmanager
-def fault_run(daemon_args: tuple[str, ...] = (), redis_appendonly: bool = False) -> Iterator[FaultRun]:
-    run = FaultRun(daemon_args=daemon_args, redis_appendonly=redis_appendonly)
+def fault_run(
+    daemon_args: tuple[str, ...] = (), redis_appendonly: bool = False, retries: int = 10
+) -> Iterator[FaultRun]:
+    run = FaultRun(daemon_args=daemon_args, redis_appendonly=redis_appendonly, retries=retries)
     try:
         yield run
     finally:
@@ -94,10 +96,15 @@ def cut_twin_2(run: FaultRun) -> None:
     run.proxies[2].restore()
 
 
-def test_3a_receiver_unreachable_for_20s(plain_run: FaultRun) -> None:
-    with serving(plain_run) as executions:
-        report = plain_run.run(
-            "3a. receiver unreachable 20 s", REQUESTS, executions, cut_twin_2, push_pause_s=SLOW_PUSH_S
+def test_3a_receiver_unreachable_for_20s() -> None:
+    # try=3: a request's tries last about a second here, far less than the outage.
+    with fault_run(retries=3) as run, serving(run) as executions:
+        report = run.run(
+            "3a. receiver unreachable 20 s (try 3)",
+            REQUESTS,
+            executions,
+            cut_twin_2,
+            push_pause_s=SLOW_PUSH_S,
         )
     # Without --hold-offline, requests to the absent twin spend their tries and fail: one error each.
     assert_promise_kept(report, all_ok=False)
@@ -126,7 +133,8 @@ def test_4_answers_lost_after_the_request_arrived(plain_run: FaultRun) -> None:
 
     with serving(plain_run) as executions:
         report = plain_run.run("4. 5 % of HTTP answers dropped", REQUESTS, executions, lose_answers)
-    assert sum(proxy.dropped_answers for proxy in plain_run.proxies.values()) > 100
+    # Between msgbus sites one answer covers a batch of up to 64 messages: each drop re-sends them all.
+    assert sum(proxy.dropped_answers for proxy in plain_run.proxies.values()) > 20
     assert_promise_kept(report, all_ok=True)
 
 

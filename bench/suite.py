@@ -1,0 +1,87 @@
+"""``make bench``: the whole sweep in one run, as JSON lines and then one Markdown table.
+
+Concurrency 1, 16 and 64 with 64-byte payloads (msgbus and the no-logic floor), 64 KiB and 1 MiB payloads, a
+fan-out of one request to 50 destinations, and a backlog of pending requests (memory held, expiry speed).
+Every figure comes from this one run on this machine, so ratios between rows are what to compare.
+
+    python -m bench.suite [--duration S] [--backlog N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+from bench.rpc import run_case
+
+CASES: list[tuple[int, int, int, bool]] = [
+    # (clients, payload bytes, fan-out, floor)
+    (1, 64, 1, False),
+    (1, 64, 1, True),
+    (16, 64, 1, False),
+    (16, 64, 1, True),
+    (64, 64, 1, False),
+    (64, 64, 1, True),
+    (1, 64 * 1024, 1, False),
+    (16, 64 * 1024, 1, False),
+    (64, 64 * 1024, 1, False),
+    (1, 1024 * 1024, 1, False),
+    (16, 1024 * 1024, 1, False),
+    (16, 64, 50, False),
+]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| system | clients | payload | fan-out | RPC/s | p50 ms | p99 ms | lost | daemon CPU ms/RPC "
+        "| all CPU ms/RPC |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        size = _size(r["payload_bytes"])
+        lines.append(
+            f"| {r['system']} | {r['clients']} | {size} | {r['fanout']} | {r['rpc_per_s']} | {r['p50_ms']} "
+            f"| {r['p99_ms']} | {r['lost']} | {r['daemon_cpu_ms_per_rpc']} | {r['total_cpu_ms_per_rpc']} |"
+        )
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    if n >= 1024 * 1024:
+        return f"{n // (1024 * 1024)} MiB"
+    if n >= 1024:
+        return f"{n // 1024} KiB"
+    return f"{n} B"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--backlog", type=int, default=1_000_000)
+    args = parser.parse_args()
+    case_args = argparse.Namespace(
+        duration=args.duration, warmup=args.warmup, workers=16, key_type="ed25519", daemon_arg=[]
+    )
+    rows = []
+    for clients, payload, fanout, floor in CASES:
+        row = run_case(case_args, clients, payload, fanout, floor)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    backlog = subprocess.run(
+        [sys.executable, "-m", "bench.backlog", str(args.backlog)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    print(backlog, flush=True)
+    print()
+    print(table(rows))
+    print()
+    print("backlog:", backlog)
+
+
+if __name__ == "__main__":
+    main()
