@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,7 +32,7 @@ from msgbusd.handlers import Handlers
 from msgbusd.health import PeerHealth
 from msgbusd.http_api import Door, create_app, loopback_only
 from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
-from msgbusd.outbox import CLAIM_BATCH, Outbox
+from msgbusd.outbox import CLAIM_BATCH, Outbox, SendItem
 from msgbusd.queues import Store
 from msgbusd.senders import Senders
 from msgbusd.settings import Settings
@@ -156,9 +156,9 @@ class Daemon:
     def _beat(self, loop: str) -> None:
         self._heartbeats[loop] = time.monotonic()
 
-    def _kick_senders(self, destinations: Iterable[int]) -> None:
-        for dst in destinations:
-            self.senders.kick(dst)
+    def _kick_senders(self, ready: Mapping[int, list[SendItem] | None]) -> None:
+        for dst, items in ready.items():
+            self.senders.kick(dst, items)
 
     def stop(self) -> None:
         """First call drains; a second aborts."""

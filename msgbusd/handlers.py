@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 
 from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage
 from msgbusd.metrics import Metrics
-from msgbusd.outbox import Outbox, destination_of
+from msgbusd.outbox import Outbox, SendItem, destination_of
 from msgbusd.queues import AcceptedRequest, Outcome, PendingReply, Store
 from msgbusd.validation import validate
 
@@ -28,7 +28,7 @@ class Handlers:
         store: Store,
         outbox: Outbox,
         twin: int,
-        on_accepted: Callable[[Iterable[int]], None],
+        on_accepted: Callable[[Mapping[int, list[SendItem] | None]], None],
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
     ) -> None:
@@ -79,19 +79,27 @@ class Handlers:
         now = self._clock()
         uid_lists = await self._store.next_uids([env.dst for _raw, env in valid])
         requests = []
+        originals = []
         for (raw, env), uids in zip(valid, uid_lists, strict=True):
             # A local client cannot ask for the proxy flow; honouring it would loop the reply back here.
             original = env.replace(now=int(now), src=self._twin, pxy=False, sig="")
             pairs = list(zip(uids, env.dst, strict=True))
             requests.append(AcceptedRequest(raw, original.encode(), now + env.lifetime_s, pairs))
+            originals.append(original)
         accepted = await self._store.accept_requests(requests)
-        destinations: set[int] = set()
-        for (_raw, env), uids, ok in zip(valid, uid_lists, accepted, strict=True):
-            if ok:
-                log.debug("accepted request cmd=%s ret=%s uids=%s", env.cmd, env.ret, ",".join(uids))
-                destinations.update(env.dst)
-                self._metrics.message("accepted", len(uids))
-        self._on_accepted(destinations)
+        ready: dict[int, list[SendItem] | None] = {}
+        for original, uids, request, ok in zip(originals, uid_lists, requests, accepted, strict=True):
+            if not ok:
+                # Accepted by an earlier try whose answer was lost: queued, but not by us just now.
+                ready.update(dict.fromkeys(original.dst))
+                continue
+            log.debug("accepted request cmd=%s ret=%s uids=%s", original.cmd, original.ret, ",".join(uids))
+            self._metrics.message("accepted", len(uids))
+            for uid, dst in request.uids:
+                items = ready.setdefault(dst, [])
+                if items is not None:
+                    items.append(self._outbox.request_item(uid, original))
+        self._on_accepted(ready)
 
     async def _refuse_local(self, raw: bytes, env: Envelope, exc: InvalidMessage) -> None:
         self._metrics.error("invalid")
@@ -218,4 +226,11 @@ class Handlers:
             state = {"first": now, "attempts": 0, "deadline": now + env.lifetime_s}
             pending.append(PendingReply(raw, env.dst[0], key, env.replace(sig="").encode(), state))
         accepted = await self._store.accept_replies(queue, pending)
-        self._on_accepted({item.dst for item, ok in zip(pending, accepted, strict=True) if ok})
+        ready: dict[int, list[SendItem] | None] = {}
+        for (_raw, env), item, ok in zip(replies, pending, accepted, strict=True):
+            items = ready.setdefault(item.dst, []) if ok else None
+            if items is None:
+                ready[item.dst] = None
+            else:
+                items.append(self._outbox.reply_item(item.key, env.replace(sig=""), item.state))
+        self._on_accepted(ready)

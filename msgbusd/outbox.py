@@ -110,8 +110,7 @@ class Outbox:
                 await self._store.forget_reply(key)
                 log.error("dropped unreadable pending reply %s: %s", key, exc.reason)
                 return None
-            state = json.loads(second) if second else {}
-            return SendItem(entry, REPLY_PATH, env, state=state)
+            return self.reply_item(key, env, json.loads(second) if second else {})
         uid = entry.removeprefix(keys.REQUEST_PREFIX)
         if first is None:
             await self._store.forget_request(uid)
@@ -122,7 +121,16 @@ class Outbox:
             log.error("backlog entry of uid=%s is unreadable (%s); dropping it", uid, exc.reason)
             await self._store.forget_request(uid)
             return None
-        return SendItem(entry, REMOTE_PATH, self.forwarded_copy(original, uid, 0), original=original)
+        return self.request_item(uid, original)
+
+    def request_item(self, uid: str, original: Envelope) -> SendItem:
+        return SendItem(
+            keys.REQUEST_PREFIX + uid, REMOTE_PATH, self.forwarded_copy(original, uid, 0), original=original
+        )
+
+    @staticmethod
+    def reply_item(key: str, env: Envelope, state: dict[str, float]) -> SendItem:
+        return SendItem(keys.REPLY_PREFIX + key, REPLY_PATH, env, state=state)
 
     async def send_items(self, dst: int, items: list[SendItem]) -> list[DeliveryError | None]:
         """Send a batch to ``dst``, keeping the peer's health up to date."""
@@ -137,13 +145,16 @@ class Outbox:
             self.health.succeeded(dst)
         return results
 
-    async def item_sent(self, item: SendItem) -> None:
-        if item.original is None:
-            await self._store.forget_reply(item.reply_key)
-            self.metrics.message("reply_sent")
-        else:
-            self.metrics.message("sent")
-        log.debug("sent %s to twin %s", item.entry, item.envelope.dst[0])
+    async def items_sent(self, items: list[SendItem]) -> None:
+        """The peer has these: forget the replies among them (requests now wait for their reply)."""
+        replies = [item.reply_key for item in items if item.original is None]
+        if replies:
+            await self._store.forget_replies(replies)
+            self.metrics.message("reply_sent", len(replies))
+        if len(replies) < len(items):
+            self.metrics.message("sent", len(items) - len(replies))
+        for item in items:
+            log.debug("sent %s to twin %s", item.entry, item.envelope.dst[0])
 
     async def item_failed(self, item: SendItem, cause: str) -> None:
         if item.original is not None:

@@ -121,6 +121,20 @@ if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[3]) en
 return 1
 """
 
+# Removes the first entries of a send queue if they are exactly ARGV[2..]; forgets an emptied queue.
+# KEYS: send queue, destinations set. ARGV: destination, entries... Returns 0 when they are not.
+_DROP_EXACT = """
+local n = #ARGV - 1
+local head = redis.call('LRANGE', KEYS[1], 0, n - 1)
+if #head ~= n then return 0 end
+for i = 1, n do
+  if head[i] ~= ARGV[i + 1] then return 0 end
+end
+redis.call('LPOP', KEYS[1], n)
+if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
+return 1
+"""
+
 # Claims the due members of the outbox by pushing their due time to the lease end.
 # KEYS: outbox. ARGV: now, lease end, max count.
 _CLAIM_DUE = """
@@ -221,6 +235,7 @@ class Store:
         self._finish = redis.register_script(_FINISH)
         self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
         self._drop_head = redis.register_script(_DROP_HEAD)
+        self._drop_exact = redis.register_script(_DROP_EXACT)
         self._claim_due = redis.register_script(_CLAIM_DUE)
 
     # --- reliable queues -------------------------------------------------------------------------------
@@ -350,6 +365,11 @@ class Store:
         """Remove the first ``count`` entries of ``dst``'s send queue, which start with ``first``."""
         await self._drop_head(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[first, count, dst])
 
+    async def drop_exact(self, dst: int, entries: Sequence[str]) -> bool:
+        """Remove ``entries`` from the head of ``dst``'s send queue if it starts with exactly them."""
+        done = await self._drop_exact(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[dst, *entries])
+        return bool(done)
+
     async def load_entries(self, entries: Sequence[str]) -> list[tuple[bytes | None, bytes | None]]:
         """For each send-queue entry: (backlog entry, None) of a request, or (payload, state) of a reply."""
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -467,8 +487,12 @@ class Store:
         await self.redis.hset(keys.REPLY_STATE, key, json.dumps(state))
 
     async def forget_reply(self, key: str) -> None:
+        await self.forget_replies([key])
+
+    async def forget_replies(self, reply_keys: Sequence[str]) -> None:
+        """Drop replies that were forwarded (or given up), with their state and outbox entries."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(keys.REPLIES, key)
-            pipe.hdel(keys.REPLY_STATE, key)
-            pipe.zrem(keys.OUTBOX, reply_member(key))
+            pipe.hdel(keys.REPLIES, *reply_keys)
+            pipe.hdel(keys.REPLY_STATE, *reply_keys)
+            pipe.zrem(keys.OUTBOX, *(reply_member(key) for key in reply_keys))
             await pipe.execute()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -26,8 +28,31 @@ log = logging.getLogger("msgbusd.senders")
 
 # Entries sent per POST at most.
 BATCH = 64
+# A sender with nothing to send stops after this long (a new one starts when something comes).
+IDLE_STOP_S = 30.0
 
 SpawnTask = Callable[[Coroutine[Any, Any, None], str], None]
+
+
+@dataclass
+class _Lane:
+    """A destination's sender state.
+
+    ``fresh`` holds what was just accepted for the destination, ready to send, while ``trusted`` says it
+    mirrors the head of the Redis send queue exactly; then the sender sends from memory and only pops Redis
+    (checking the entries match). Anything unexpected makes the lane untrusted: it sends from Redis again
+    until the queue is empty.
+    """
+
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    fresh: deque[SendItem] = field(default_factory=deque)
+    trusted: bool = False
+    # Something was queued while untrusted: an empty read of Redis does not prove the lane is in step.
+    missed: bool = False
+
+    def distrust(self) -> None:
+        self.trusted = False
+        self.fresh.clear()
 
 
 class Senders:
@@ -36,45 +61,79 @@ class Senders:
         self._outbox = outbox
         self._spawn = spawn
         self._stopping = stopping
-        self._wake: dict[int, asyncio.Event] = {}
+        self._lanes: dict[int, _Lane] = {}
 
-    def kick(self, dst: int) -> None:
-        """There is something new in ``dst``'s send queue: wake its sender, or start one."""
-        wake = self._wake.get(dst)
-        if wake is not None:
-            wake.set()
-            return
-        if self._stopping.is_set():
-            return
-        self._wake[dst] = asyncio.Event()
-        self._spawn(self._run(dst), f"sender to twin {dst}")
+    def kick(self, dst: int, items: Sequence[SendItem] | None = None) -> None:
+        """``items`` were just queued for ``dst`` (None: something was, not known what): wake its sender,
+        handing them over, or start one."""
+        lane = self._lanes.get(dst)
+        if lane is None:
+            if self._stopping.is_set():
+                return
+            lane = self._lanes[dst] = _Lane()
+            self._spawn(self._run(dst, lane), f"sender to twin {dst}")
+        if items is None:
+            lane.distrust()
+            lane.missed = True
+        elif lane.trusted:
+            lane.fresh.extend(items)
+        elif items:
+            lane.missed = True
+        lane.wake.set()
 
     async def resume(self) -> None:
         """Start a sender for every destination a previous run left messages for."""
         for dst in await self._store.pending_destinations():
             self.kick(dst)
 
-    async def _run(self, dst: int) -> None:
-        wake = self._wake[dst]
+    async def _run(self, dst: int, lane: _Lane) -> None:
         redis_failures = 0
         try:
             while not self._stopping.is_set():
-                wake.clear()
+                lane.wake.clear()
                 try:
-                    if not await self._send_some(dst):
-                        if wake.is_set():
-                            continue
+                    if lane.trusted and lane.fresh:
+                        await self._send_fresh(dst, lane)
+                    elif not lane.trusted:
+                        lane.missed = False
+                        if not await self._send_some(dst):
+                            # Queue empty and nothing queued meanwhile: memory and Redis are in step.
+                            lane.trusted = not lane.missed
+                    elif not await self._idle(lane):
                         return
                     redis_failures = 0
                 except (RedisError, OSError) as exc:
                     # The queue is in Redis: nothing is lost, the sender just waits for Redis to be back.
+                    lane.distrust()
                     redis_failures += 1
                     delay = REDIS_RECONNECT.delay_s(redis_failures)
                     log.warning("sender to twin %s: redis failed (%s); again in %.1fs", dst, exc, delay)
                     await self._pause(delay)
         finally:
-            if self._wake.get(dst) is wake:
-                del self._wake[dst]
+            if self._lanes.get(dst) is lane:
+                del self._lanes[dst]
+
+    async def _idle(self, lane: _Lane) -> bool:
+        """Wait for more to send; False once the lane has been idle long enough to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(lane.wake.wait(), IDLE_STOP_S)
+        return lane.wake.is_set() or bool(lane.fresh)
+
+    async def _send_fresh(self, dst: int, lane: _Lane) -> None:
+        """Send what was just queued straight from memory; the Redis queue is popped, not read."""
+        items = [lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))]
+        entries = [item.entry for item in items]
+        if not self._outbox.health.may_send(dst):
+            lane.distrust()  # offline handling (hold or fail fast) works from Redis
+            return
+        done = await self._deliver(dst, entries, items)
+        if done == len(entries) and await self._store.drop_exact(dst, entries):
+            return
+        # Held messages, or a queue that is not what memory says (another writer got in between): pop only
+        # what is certainly dealt with, and let the Redis path send the rest (receivers drop duplicates).
+        lane.distrust()
+        if done:
+            await self._store.drop_exact(dst, entries[:done])
 
     async def _send_some(self, dst: int) -> bool:
         """Send the next batch of ``dst``'s queue; False when the queue is empty."""
@@ -103,14 +162,14 @@ class Senders:
         """Send ``items``; returns how many leading entries are dealt with (the rest are held)."""
         outbox = self._outbox
         results = await outbox.send_items(dst, items)
+        await outbox.items_sent([item for item, error in zip(items, results, strict=True) if error is None])
         for item, error in zip(items, results, strict=True):
             if error is None:
-                await outbox.item_sent(item)
-            elif error.offline and outbox.hold_offline:
+                continue
+            if error.offline and outbox.hold_offline:
                 log.info("holding messages to twin %s while it is unreachable: %s", dst, error.cause)
                 return entries.index(item.entry)
-            else:
-                await outbox.item_failed(item, error.cause)
+            await outbox.item_failed(item, error.cause)
         return len(entries)
 
     async def _pause(self, delay_s: float) -> None:

@@ -29,6 +29,7 @@ PROXY_CLIENT = load_signer("bottom drive obey lake curtain smoke basket hold rac
 PROXY_TWIN = 10
 DOWN_TWIN = 3
 REFUSING_TWIN = 4
+LEGACY_TWIN = 5
 
 
 class RefusingPeer(ThreadingHTTPServer):
@@ -53,6 +54,43 @@ class RefusingPeer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
 
 
+class LegacyPeer(ThreadingHTTPServer):
+    """A site that speaks only go-rmb's endpoints: 404 for /zbus-batch; records every envelope POSTed."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.envelopes: list[Envelope] = []
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                peer.paths.append(self.path)
+                status, answer = 404, b"404 page not found\n"
+                if self.path == "/zbus-remote":
+                    peer.envelopes.append(Envelope.decode(body))
+                    status, answer = 200, b'{"status": "accepted"}'
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+@pytest.fixture(scope="module")
+def legacy_peer() -> Iterator[LegacyPeer]:
+    server = LegacyPeer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.fixture(scope="module")
 def refusing_peer() -> Iterator[RefusingPeer]:
     server = RefusingPeer()
@@ -64,8 +102,9 @@ def refusing_peer() -> Iterator[RefusingPeer]:
 
 
 @pytest.fixture(scope="module")
-def cluster(refusing_peer: RefusingPeer) -> Iterator[LocalCluster]:
+def cluster(refusing_peer: RefusingPeer, legacy_peer: LegacyPeer) -> Iterator[LocalCluster]:
     extra = [
+        Twin(LEGACY_TWIN, f"127.0.0.1:{legacy_peer.server_address[1]}", bytes([5]) * 32),
         Twin(PROXY_TWIN, "", PROXY_CLIENT.public_key),
         Twin(DOWN_TWIN, f"127.0.0.1:{free_port()}", bytes([3]) * 32),
         Twin(REFUSING_TWIN, f"127.0.0.1:{refusing_peer.server_address[1]}", bytes([4]) * 32),
@@ -401,3 +440,27 @@ def test_metrics_and_health_are_served_to_this_machine(cluster: LocalCluster, si
     assert samples['msgbus_send_seconds_count{path="remote"}'] >= 1
     assert health.status_code == 200
     assert health.json()["status"] == "ok"
+
+
+def test_a_peer_without_the_batch_endpoint_gets_one_envelope_per_post_in_order(
+    cluster: LocalCluster, site1: redis.Redis, legacy_peer: LegacyPeer
+) -> None:
+    # Pushed at once, so that the sender has many to send together; exp 1 so they end with a timeout.
+    pipe = site1.pipeline()
+    rets = []
+    for _ in range(30):
+        ret = str(uuid.uuid4())
+        rets.append(ret)
+        env = Envelope(
+            cmd="legacy.echo", dst=(LEGACY_TWIN,), ret=ret, dat="eA==", exp=1, now=int(time.time())
+        )
+        pipe.rpush(keys.LOCAL, env.encode())
+    pipe.execute()
+    wait_until(lambda: len(legacy_peer.envelopes) == 30, what="30 envelopes at the legacy peer")
+    assert set(legacy_peer.paths) <= {"/zbus-batch", "/zbus-remote"}
+    assert legacy_peer.paths.count("/zbus-batch") <= 1, "a 404 is remembered"
+    counters = [int(env.uid.split(".")[1]) for env in legacy_peer.envelopes]
+    assert counters == sorted(counters)
+    assert all(env.sig for env in legacy_peer.envelopes)
+    for ret in rets:
+        assert pop_replies(site1, ret, 1)[0].err == "request timeout (expiration reached, 1)"

@@ -129,12 +129,12 @@ def test_3b_receiver_unreachable_for_20s_with_hold_offline() -> None:
 def test_4_answers_lost_after_the_request_arrived(plain_run: FaultRun) -> None:
     def lose_answers(run: FaultRun) -> None:
         for twin in RECEIVERS:
-            run.proxies[twin].drop_answers = 0.05
+            run.proxies[twin].drop_answers = 0.15
 
     with serving(plain_run) as executions:
-        report = plain_run.run("4. 5 % of HTTP answers dropped", REQUESTS, executions, lose_answers)
+        report = plain_run.run("4. 15 % of HTTP answers dropped", REQUESTS, executions, lose_answers)
     # Between msgbus sites one answer covers a batch of up to 64 messages: each drop re-sends them all.
-    assert sum(proxy.dropped_answers for proxy in plain_run.proxies.values()) > 20
+    assert sum(proxy.dropped_answers for proxy in plain_run.proxies.values()) >= 5
     assert_promise_kept(report, all_ok=True)
 
 

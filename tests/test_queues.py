@@ -1,0 +1,83 @@
+"""The Redis scripts behind every hand-off, against a real Redis: atomic, and harmless when repeated."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from msgbusd import keys
+from msgbusd.queues import AcceptedRequest, Inbound, Outcome, Store
+
+
+async def test_pop_many_moves_items_to_the_processing_list_in_order(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.LOCAL, b"a", b"b", b"c")
+    assert await store.pop_many(keys.LOCAL, 2) == [b"a", b"b"]
+    assert await async_redis.lrange(keys.processing(keys.LOCAL), 0, -1) == [b"a", b"b"]
+    assert await store.pop_many(keys.LOCAL, 5) == [b"c"]
+    assert await store.pop_many(keys.LOCAL, 5) == []
+
+
+async def test_recover_puts_unfinished_items_back_at_the_head_in_order(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.LOCAL, b"a", b"b", b"c")
+    await store.pop_many(keys.LOCAL, 2)
+    assert await store.recover(keys.LOCAL) == 2
+    assert await async_redis.lrange(keys.LOCAL, 0, -1) == [b"a", b"b", b"c"]
+
+
+async def test_a_hand_over_repeated_after_a_lost_answer_happens_once(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.REMOTE, b"req")
+    (raw,) = await store.pop_many(keys.REMOTE, 1)
+    assert await store.hand_over(keys.REMOTE, raw, keys.command_queue("x"), raw) is True
+    assert await store.hand_over(keys.REMOTE, raw, keys.command_queue("x"), raw) is False
+    assert await async_redis.lrange(keys.command_queue("x"), 0, -1) == [b"req"]
+    assert await async_redis.llen(keys.processing(keys.REMOTE)) == 0
+
+
+async def test_a_request_is_accepted_once_and_queued_for_each_destination(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.LOCAL, b"req")
+    (raw,) = await store.pop_many(keys.LOCAL, 1)
+    request = AcceptedRequest(raw, b"original", 123.0, [("2.1", 2), ("3.1", 3)])
+    assert await store.accept_requests([request]) == [True]
+    assert await store.accept_requests([request]) == [False]
+    assert await async_redis.hgetall(keys.BACKLOG) == {b"2.1": b"original", b"3.1": b"original"}
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:2.1"]
+    assert await store.pending_destinations() == [2, 3]
+
+
+async def test_drop_exact_pops_only_when_the_head_is_exactly_what_was_sent(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.send_queue(2), "req:a", "req:b", "req:c")
+    await async_redis.sadd(keys.DESTINATIONS, 2)
+    assert await store.drop_exact(2, ["req:b"]) is False
+    assert await store.drop_exact(2, ["req:a", "req:c"]) is False
+    assert await store.drop_exact(2, ["req:a", "req:b"]) is True
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:c"]
+    assert await store.drop_exact(2, ["req:c", "req:d"]) is False
+    assert await store.drop_exact(2, ["req:c"]) is True
+    assert await store.pending_destinations() == []
+
+
+async def test_only_the_first_outcome_of_a_request_reaches_its_caller(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.hset(keys.BACKLOG, "2.1", b"original")
+    await async_redis.zadd(keys.DEADLINES, {"2.1": 1.0})
+    first = Outcome("2.1", "caller-ret", b"reply")
+    late = Outcome("2.1", "caller-ret", b"timeout")
+    assert await store.finish_many([first, late]) == [True, False]
+    assert await async_redis.lrange("caller-ret", 0, -1) == [b"reply"]
+    assert 0 < await async_redis.ttl("caller-ret") <= keys.RETURN_QUEUE_TTL_S
+    assert await async_redis.zcard(keys.DEADLINES) == 0
+
+
+async def test_a_resent_request_from_a_peer_is_queued_once(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    item = Inbound(keys.command_queue("cmd"), b"req", src=7, seen_id="1.5.abc", ttl_s=60, to_service=True)
+    assert await store.queue_from_peers([item, item]) == [True, False]
+    assert await async_redis.lrange(keys.command_queue("cmd"), 0, -1) == [b"req"]
