@@ -114,10 +114,15 @@ class Senders:
                 del self._lanes[dst]
 
     async def _idle(self, lane: _Lane) -> bool:
-        """Wait for more to send; False once the lane has been idle long enough to stop."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(lane.wake.wait(), IDLE_STOP_S)
-        return lane.wake.is_set() or bool(lane.fresh)
+        """Wait for more to send; False once the lane has been idle long enough, or the daemon stops."""
+        woken = asyncio.ensure_future(lane.wake.wait())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([woken, stopping], timeout=IDLE_STOP_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            stopping.cancel()
+        return not self._stopping.is_set() and (lane.wake.is_set() or bool(lane.fresh))
 
     async def _send_fresh(self, dst: int, lane: _Lane) -> None:
         """Send what was just queued straight from memory; the Redis queue is popped, not read."""
