@@ -41,10 +41,6 @@ class PeerHealth:
         """How many peers have an open circuit."""
         return sum(1 for peer in self._peers.values() if peer.failures >= self._failures_to_open)
 
-    def is_open(self, twin: int) -> bool:
-        peer = self._peers.get(twin)
-        return peer is not None and peer.failures >= self._failures_to_open
-
     def may_send(self, twin: int) -> bool:
         """True if an attempt may go to ``twin`` now. In an open circuit this reserves the one probe."""
         peer = self._peers.get(twin)

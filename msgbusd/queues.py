@@ -197,11 +197,6 @@ class PendingReply:
     state: dict[str, float]
 
 
-def _item(raw: bytes) -> str:
-    """redis-py's stubs type list values as str; raw bytes go over the wire unchanged."""
-    return cast(str, raw)
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -254,17 +249,15 @@ class Store:
         """Move up to ``count`` items from the head of ``queue`` into its processing list, without waiting."""
         return list(await self._pop_many(keys=[queue, keys.processing(queue)], args=[count]))
 
-    async def hand_over_many(self, queue: str, items: Sequence[tuple[bytes, str, bytes]]) -> None:
-        """:meth:`hand_over` for many ``(raw, target, payload)`` at once, in one round trip."""
+    async def hand_over_many(self, queue: str, items: Sequence[tuple[bytes, str, bytes]]) -> list[bool]:
+        """For each ``(raw, target, payload)``: LPUSH ``payload`` onto ``target`` and ack ``raw``, atomically,
+        all in one round trip; False for an item that had already been handed over."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for raw, target, payload in items:
                 await self._hand_over(
                     keys=[keys.processing(queue), target], args=[raw, payload, 0], client=pipe
                 )
-            await pipe.execute()
-
-    async def ack(self, queue: str, raw: bytes) -> None:
-        await self.redis.lrem(keys.processing(queue), 1, _item(raw))
+            return [bool(done) for done in await pipe.execute()]
 
     async def dead_letter(self, queue: str, raw: bytes, reason: str) -> None:
         """Set aside an item popped from ``queue`` that cannot be handled, with the reason, and ack it."""
@@ -280,14 +273,9 @@ class Store:
             pipe.ltrim(keys.DEAD_LETTER, 0, keys.DEAD_LETTER_MAX - 1)
             await pipe.execute()
 
-    async def hand_over(self, queue: str, raw: bytes, target: str, payload: bytes) -> bool:
-        """LPUSH ``payload`` onto the list ``target`` and ack ``raw``, atomically; False if ``raw`` had
-        already been handed over."""
-        done = await self._hand_over(keys=[keys.processing(queue), target], args=[raw, payload, 0])
-        return bool(done)
-
     async def hand_to_caller(self, queue: str, raw: bytes, ret: str, payload: bytes) -> bool:
-        """Like :meth:`hand_over`, onto a caller's return queue: refreshes its TTL (unless a system queue)."""
+        """Hand ``payload`` to a caller's return queue and ack ``raw``, atomically; refreshes the queue's TTL
+        (unless it is a system queue). False if ``raw`` had already been handed over."""
         ttl = 0 if keys.is_system_queue(ret) else keys.RETURN_QUEUE_TTL_S
         done = await self._hand_over(keys=[keys.processing(queue), ret], args=[raw, payload, ttl])
         return bool(done)
@@ -421,18 +409,10 @@ class Store:
         found = await self.redis.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit)
         return [_text(m) for m in found]
 
-    async def finish(
-        self, uid: str, ret: str, payload: bytes, *, ack: tuple[str, bytes] | None = None
-    ) -> bool:
+    async def finish(self, uid: str, ret: str, payload: bytes) -> bool:
         """Deliver the final outcome of request ``uid`` to ``ret``; False if it already had one."""
-        ttl = 0 if keys.is_system_queue(ret) else keys.RETURN_QUEUE_TTL_S
-        processing = keys.processing(ack[0]) if ack else ""
-        raw: Any = ack[1] if ack else b""
-        done = await self._finish(
-            keys=[keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS, ret, processing],
-            args=[uid, payload, ttl, request_member(uid), raw],
-        )
-        return bool(done)
+        (done,) = await self.finish_many([Outcome(uid, ret, payload)])
+        return done
 
     async def finish_many(self, outcomes: Sequence[Outcome], ack_queue: str | None = None) -> list[bool]:
         """:meth:`finish` for many outcomes at once, in one round trip; with ``ack_queue``, each outcome's

@@ -43,5 +43,4 @@ class Settings:
     drain_grace_s: float = 10.0
     # Keep messages to an unreachable twin (without spending their tries) until it is back or they expire.
     hold_offline: bool = False
-    resolver_ttl_s: float = 300.0
     handle_signals: bool = True

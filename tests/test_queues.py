@@ -29,8 +29,9 @@ async def test_a_hand_over_repeated_after_a_lost_answer_happens_once(async_redis
     store = Store(async_redis)
     await async_redis.rpush(keys.REMOTE, b"req")
     (raw,) = await store.pop_many(keys.REMOTE, 1)
-    assert await store.hand_over(keys.REMOTE, raw, keys.command_queue("x"), raw) is True
-    assert await store.hand_over(keys.REMOTE, raw, keys.command_queue("x"), raw) is False
+    item = (raw, keys.command_queue("x"), raw)
+    assert await store.hand_over_many(keys.REMOTE, [item]) == [True]
+    assert await store.hand_over_many(keys.REMOTE, [item]) == [False]
     assert await async_redis.lrange(keys.command_queue("x"), 0, -1) == [b"req"]
     assert await async_redis.llen(keys.processing(keys.REMOTE)) == 0
 
