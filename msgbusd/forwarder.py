@@ -11,6 +11,7 @@ import httpx
 
 from msgbusd.envelope import Envelope
 from msgbusd.errors import DeliveryError
+from msgbusd.logs import about
 from msgbusd.metrics import Metrics
 from msgbusd.signing import Signer
 from twin_resolver.address import peer_url
@@ -72,7 +73,12 @@ class Forwarder:
                 return await self._send_batch(twin_id, items)
             except _NoBatchEndpoint:
                 self._batch_unsupported[twin_id] = self._clock() + LEGACY_RECHECK_S
-                log.info("twin %s takes one message per POST (no %s)", twin_id, BATCH_PATH)
+                log.info(
+                    "twin %s takes one message per POST (no %s)",
+                    twin_id,
+                    BATCH_PATH,
+                    extra=about(twin=twin_id),
+                )
             except DeliveryError as exc:
                 return [exc] * len(items)
         results: list[DeliveryError | None] = []

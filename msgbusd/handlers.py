@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage
+from msgbusd.logs import about
 from msgbusd.metrics import Metrics
 from msgbusd.outbox import Outbox, SendItem, destination_of
 from msgbusd.queues import AcceptedRequest, Outcome, PendingReply, Store
@@ -56,13 +57,15 @@ class Handlers:
             return Envelope.decode(raw)
         except EnvelopeDecodeError as exc:
             await self._dead_letter(queue, raw, f"not an envelope: {exc.reason}")
-            log.error("dead-lettered an undecodable item from %s: %s", queue, exc.reason)
+            log.error(
+                "dead-lettered an undecodable item from %s: %s", queue, exc.reason, extra=about(queue=queue)
+            )
             return None
 
     # --- msgbus.system.local: requests from local clients ------------------------------------------------
 
     async def local(self, raws: list[bytes]) -> None:
-        """Accept a batch of local requests, in order, in two round trips for the valid ones."""
+        """Accept a batch of local requests, in order, in one round trip for the valid ones."""
         valid: list[tuple[bytes, Envelope]] = []
         for raw in raws:
             env = await self._decode(keys.LOCAL, raw)
@@ -77,25 +80,29 @@ class Handlers:
         if not valid:
             return
         now = self._clock()
-        uid_lists = await self._store.next_uids([env.dst for _raw, env in valid])
         requests = []
         originals = []
-        for (raw, env), uids in zip(valid, uid_lists, strict=True):
+        for raw, env in valid:
             # A local client cannot ask for the proxy flow; honouring it would loop the reply back here.
             original = env.replace(now=int(now), src=self._twin, pxy=False, sig="")
-            pairs = list(zip(uids, env.dst, strict=True))
-            requests.append(AcceptedRequest(raw, original.encode(), now + env.lifetime_s, pairs))
+            requests.append(AcceptedRequest(raw, original.encode(), now + env.lifetime_s, env.dst))
             originals.append(original)
         accepted = await self._store.accept_requests(requests)
         ready: dict[int, list[SendItem] | None] = {}
-        for original, uids, request, ok in zip(originals, uid_lists, requests, accepted, strict=True):
-            if not ok:
+        for original, uids in zip(originals, accepted, strict=True):
+            if uids is None:
                 # Accepted by an earlier try whose answer was lost: queued, but not by us just now.
                 ready.update(dict.fromkeys(original.dst))
                 continue
-            log.debug("accepted request cmd=%s ret=%s uids=%s", original.cmd, original.ret, ",".join(uids))
+            log.debug(
+                "accepted request cmd=%s ret=%s uids=%s",
+                original.cmd,
+                original.ret,
+                ",".join(uids),
+                extra=about(uid=",".join(uids), cmd=original.cmd, queue=original.ret),
+            )
             self._metrics.message("accepted", len(uids))
-            for uid, dst in request.uids:
+            for uid, dst in zip(uids, original.dst, strict=True):
                 items = ready.setdefault(dst, [])
                 if items is not None:
                     items.append(self._outbox.request_item(uid, original))
@@ -105,11 +112,22 @@ class Handlers:
         self._metrics.error("invalid")
         if not env.ret or keys.is_system_queue(env.ret):
             await self._dead_letter(keys.LOCAL, raw, exc.wire_text)
-            log.error("dead-lettered local request cmd=%r without a usable return queue: %s", env.cmd, exc)
+            log.error(
+                "dead-lettered local request cmd=%r without a usable return queue: %s",
+                env.cmd,
+                exc,
+                extra=about(cmd=env.cmd, queue=keys.LOCAL),
+            )
             return
         error = env.replace(err=exc.wire_text, src=self._twin, now=int(self._clock()))
         await self._store.hand_to_caller(keys.LOCAL, raw, env.ret, error.encode())
-        log.info("refused local request cmd=%r ret=%s: %s", env.cmd, env.ret, exc.wire_text)
+        log.info(
+            "refused local request cmd=%r ret=%s: %s",
+            env.cmd,
+            env.ret,
+            exc.wire_text,
+            extra=about(cmd=env.cmd, queue=env.ret),
+        )
 
     # --- msgbus.system.remote: requests from other sites, to run here -------------------------------------
 
@@ -127,11 +145,23 @@ class Handlers:
                 error = env.replace(
                     src=self._twin, dst=(env.src,), err=exc.wire_text, dat="", now=int(self._clock())
                 )
-                log.info("refused request uid=%s from twin %s: %s", env.uid, env.src, exc.wire_text)
+                log.info(
+                    "refused request uid=%s from twin %s: %s",
+                    env.uid,
+                    env.src,
+                    exc.wire_text,
+                    extra=about(uid=env.uid, cmd=env.cmd, src=env.src),
+                )
                 await self._route_reply(keys.REMOTE, raw, error)
                 continue
             hand_overs.append((raw, keys.command_queue(env.cmd), raw))
-            log.debug("queueing request uid=%s from twin %s for %s", env.uid, env.src, env.cmd)
+            log.debug(
+                "queueing request uid=%s from twin %s for %s",
+                env.uid,
+                env.src,
+                env.cmd,
+                extra=about(uid=env.uid, cmd=env.cmd, src=env.src, queue=keys.command_queue(env.cmd)),
+            )
         if hand_overs:
             await self._store.hand_over_many(keys.REMOTE, hand_overs)
             self._metrics.message("delivered_to_service", len(hand_overs))
@@ -171,15 +201,21 @@ class Handlers:
                 f"reply from twin {env.src} to twin {env.dst[0]} does not concern this twin ({self._twin})"
             )
             await self._dead_letter(queue, raw, reason)
-            log.error("dead-lettered reply uid=%s: %s", env.uid, reason)
+            log.error(
+                "dead-lettered reply uid=%s: %s", env.uid, reason, extra=about(uid=env.uid, src=env.src)
+            )
 
     async def _reply_to_proxy_client(self, queue: str, raw: bytes, env: Envelope) -> None:
         if not env.ret or keys.is_system_queue(env.ret):
             await self._dead_letter(queue, raw, "proxy reply without a client return queue")
-            log.error("dead-lettered proxy reply uid=%s: no client return queue", env.uid)
+            log.error(
+                "dead-lettered proxy reply uid=%s: no client return queue", env.uid, extra=about(uid=env.uid)
+            )
             return
         await self._store.hand_to_caller(queue, raw, env.ret, env.encode())
-        log.debug("proxy reply uid=%s stored in %s", env.uid, env.ret)
+        log.debug(
+            "proxy reply uid=%s stored in %s", env.uid, env.ret, extra=about(uid=env.uid, queue=env.ret)
+        )
 
     async def deliver_from_peers(self, replies: list[Envelope]) -> None:
         """Replies another site just sent (checked by the HTTP door), straight to their callers."""
@@ -200,7 +236,7 @@ class Handlers:
             if expected != env.src:
                 reason = f"reply for uid {env.uid} came from twin {env.src}, not from twin {expected}"
                 await self._set_aside(queue, raw, env, reason)
-                log.error("dead-lettered reply: %s", reason)
+                log.error("dead-lettered reply: %s", reason, extra=about(uid=env.uid, src=env.src))
                 continue
             try:
                 original = Envelope.decode(entry)
@@ -213,9 +249,18 @@ class Handlers:
         for outcome, done in zip(outcomes, delivered, strict=True):
             if done:
                 self._metrics.message("delivered_to_caller")
-                log.debug("delivered reply uid=%s to %s", outcome.uid, outcome.ret)
+                log.debug(
+                    "delivered reply uid=%s to %s",
+                    outcome.uid,
+                    outcome.ret,
+                    extra=about(uid=outcome.uid, queue=outcome.ret),
+                )
             else:
-                log.info("dropped reply uid=%s: no open request (late or duplicate)", outcome.uid)
+                log.info(
+                    "dropped reply uid=%s: no open request (late or duplicate)",
+                    outcome.uid,
+                    extra=about(uid=outcome.uid),
+                )
 
     async def _forward_replies(self, queue: str, replies: list[tuple[bytes, Envelope]]) -> None:
         """Queue services' replies for the twins that asked (sent by those twins' senders)."""

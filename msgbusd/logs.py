@@ -3,7 +3,10 @@
 A JSON line has ``ts`` (ISO 8601, UTC, microseconds), ``level``, ``logger`` and ``msg``, then whichever of
 :data:`CONTEXT_FIELDS` the call passed with ``extra=`` and ``exc`` (the traceback) when there is one::
 
-    log.warning("twin %s refused the message", 9, extra={"uid": uid, "twin": 9, "cmd": "calc.add"})
+    log.warning("twin %s refused the message", 9, extra=about(uid=uid, dst=9, cmd="calc.add"))
+
+``src`` and ``dst`` are the twins a message comes from and goes to, ``queue`` the Redis list it was taken
+from or handed to, ``twin`` a peer a line is about when it is not about one message.
 """
 
 from __future__ import annotations
@@ -15,9 +18,23 @@ from datetime import UTC, datetime
 from typing import TextIO
 
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-CONTEXT_FIELDS = ("uid", "queue", "twin", "cmd")
+CONTEXT_FIELDS = ("uid", "cmd", "queue", "src", "dst", "twin")
 # Libraries that log every request or connection at INFO/DEBUG; msgbusd logs what matters itself.
 NOISY_LOGGERS = ("httpx", "httpcore", "redis", "asyncio", "uvicorn")
+
+
+def about(
+    *,
+    uid: str | None = None,
+    cmd: str | None = None,
+    queue: str | None = None,
+    src: int | None = None,
+    dst: int | None = None,
+    twin: int | None = None,
+) -> dict[str, object]:
+    """The ``extra=`` of a log call about one message (or one peer): the fields a JSON line carries."""
+    given = {"uid": uid, "cmd": cmd, "queue": queue, "src": src, "dst": dst, "twin": twin}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 class JsonFormatter(logging.Formatter):

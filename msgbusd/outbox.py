@@ -20,6 +20,7 @@ from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import DeliveryError, all_retries_done_text, expired_text
 from msgbusd.forwarder import REMOTE_PATH, REPLY_PATH, Forwarder
 from msgbusd.health import PeerHealth
+from msgbusd.logs import about
 from msgbusd.metrics import Metrics
 from msgbusd.queues import Outcome, Store, reply_member, request_member
 
@@ -118,7 +119,12 @@ class Outbox:
         try:
             original = Envelope.decode(first)
         except EnvelopeDecodeError as exc:
-            log.error("backlog entry of uid=%s is unreadable (%s); dropping it", uid, exc.reason)
+            log.error(
+                "backlog entry of uid=%s is unreadable (%s); dropping it",
+                uid,
+                exc.reason,
+                extra=about(uid=uid),
+            )
             await self._store.forget_request(uid)
             return None
         return self.request_item(uid, original)
@@ -154,7 +160,12 @@ class Outbox:
         if len(replies) < len(items):
             self.metrics.message("sent", len(items) - len(replies))
         for item in items:
-            log.debug("sent %s to twin %s", item.entry, item.envelope.dst[0])
+            log.debug(
+                "sent %s to twin %s",
+                item.entry,
+                item.envelope.dst[0],
+                extra=about(uid=item.envelope.uid, cmd=item.envelope.cmd, dst=item.envelope.dst[0]),
+            )
 
     async def item_failed(self, item: SendItem, cause: str) -> None:
         if item.original is not None:
@@ -192,7 +203,13 @@ class Outbox:
             return exc
         self.health.succeeded(dst)
         self.metrics.message("sent")
-        log.debug("sent request uid=%s cmd=%s to twin %s", uid, env.cmd, dst)
+        log.debug(
+            "sent request uid=%s cmd=%s to twin %s",
+            uid,
+            env.cmd,
+            dst,
+            extra=about(uid=uid, cmd=env.cmd, dst=dst),
+        )
         return None
 
     def unreachable_cause(self, dst: int) -> str:
@@ -214,6 +231,7 @@ class Outbox:
                     failures,
                     original.retries,
                     delay,
+                    extra=about(uid=uid, cmd=original.cmd, dst=dst),
                 )
             return
         error = original.replace(src=dst or 0, err=all_retries_done_text(cause), now=int(self._clock()))
@@ -226,6 +244,7 @@ class Outbox:
                 dst,
                 failures,
                 cause,
+                extra=about(uid=uid, cmd=original.cmd, dst=dst, queue=original.ret),
             )
 
     async def _resend_request(self, uid: str) -> None:
@@ -268,7 +287,13 @@ class Outbox:
         self.health.succeeded(dst)
         self.metrics.message("reply_sent")
         await self._store.forget_reply(key)
-        log.debug("sent reply uid=%s cmd=%s to twin %s", env.uid, env.cmd, dst)
+        log.debug(
+            "sent reply uid=%s cmd=%s to twin %s",
+            env.uid,
+            env.cmd,
+            dst,
+            extra=about(uid=env.uid, cmd=env.cmd, dst=dst),
+        )
 
     async def _reply_failed(self, key: str, env: Envelope, state: dict[str, float], cause: str) -> None:
         attempts = int(state.get("attempts", 0)) + 1
@@ -279,13 +304,26 @@ class Outbox:
             await self._store.set_aside(
                 keys.REPLY, env.encode(), f"gave up forwarding reply after {attempts} attempts: {cause}"
             )
-            log.error("gave up forwarding reply uid=%s to twin %s: %s", env.uid, env.dst[0], cause)
+            log.error(
+                "gave up forwarding reply uid=%s to twin %s: %s",
+                env.uid,
+                env.dst[0],
+                cause,
+                extra=about(uid=env.uid, cmd=env.cmd, dst=env.dst[0]),
+            )
             return
         state = {**state, "attempts": attempts}
         await self._store.update_reply_state(key, state)
         delay = self._backoff.delay_s(attempts)
         await self._store.schedule_reply(key, now + delay)
-        log.info("reply uid=%s to twin %s failed (%s); retry in %.1fs", env.uid, env.dst[0], cause, delay)
+        log.info(
+            "reply uid=%s to twin %s failed (%s); retry in %.1fs",
+            env.uid,
+            env.dst[0],
+            cause,
+            delay,
+            extra=about(uid=env.uid, cmd=env.cmd, dst=env.dst[0]),
+        )
 
     async def _resend_reply(self, key: str) -> None:
         pending = await self._store.pending_reply(key)
@@ -349,6 +387,7 @@ class Outbox:
                     uid,
                     original.cmd,
                     original.lifetime_s,
+                    extra=about(uid=uid, cmd=original.cmd, dst=destination_of(uid), queue=original.ret),
                 )
         return len(uids)
 
@@ -361,7 +400,12 @@ class Outbox:
         try:
             return Envelope.decode(entry)
         except EnvelopeDecodeError as exc:
-            log.error("backlog entry of uid=%s is unreadable (%s); dropping it", uid, exc.reason)
+            log.error(
+                "backlog entry of uid=%s is unreadable (%s); dropping it",
+                uid,
+                exc.reason,
+                extra=about(uid=uid),
+            )
             await self._store.forget_request(uid)
             return None
 

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from msgbusd import keys
+from msgbusd.script_batch import ScriptBatch
 
 # Moves a processing list back to the head of its queue, keeping the original order.
 _RECOVER = """
@@ -55,18 +57,22 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 return 1
 """
 
-# KEYS: processing, backlog, deadlines, destinations set, then one send queue per uid.
-# ARGV: raw item, original request, deadline, then (uid, destination) pairs.
+# Gives the request a uid per destination ("<dst>.<n>", n from INCR of that destination's counter) and
+# returns them. KEYS: processing, backlog, deadlines, destinations set, then (counter, send queue) per
+# destination. ARGV: raw item, original request, deadline, then the destinations.
 _ACCEPT_REQUEST = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-for i = 5, #KEYS do
-  local uid = ARGV[4 + (i - 5) * 2]
+local uids = {}
+for i = 4, #ARGV do
+  local dst = ARGV[i]
+  local uid = dst .. '.' .. redis.call('INCR', KEYS[5 + (i - 4) * 2])
   redis.call('HSET', KEYS[2], uid, ARGV[2])
   redis.call('ZADD', KEYS[3], ARGV[3], uid)
-  redis.call('RPUSH', KEYS[i], 'req:' .. uid)
-  redis.call('SADD', KEYS[4], ARGV[5 + (i - 5) * 2])
+  redis.call('RPUSH', KEYS[6 + (i - 4) * 2], 'req:' .. uid)
+  redis.call('SADD', KEYS[4], dst)
+  uids[#uids + 1] = uid
 end
-return 1
+return uids
 """
 
 # KEYS: processing, replies, reply state, send queue, destinations set.
@@ -168,12 +174,12 @@ class Inbound:
 
 @dataclass(frozen=True)
 class AcceptedRequest:
-    """A local request to record: its raw item, the backlog entry, its deadline, and (uid, twin) pairs."""
+    """A local request to record: its raw item, the backlog entry, its deadline and its destinations."""
 
     raw: bytes
     original: bytes
     deadline: float
-    uids: Sequence[tuple[str, int]]
+    destinations: Sequence[int]
 
 
 @dataclass(frozen=True)
@@ -239,11 +245,21 @@ class Store:
         """Put back what a previous run left in ``queue``'s processing list; returns how many items."""
         return int(await self._recover(keys=[keys.processing(queue), queue]))
 
-    async def pop(self, queue: str, block_s: float) -> bytes | None:
-        """Move the head of ``queue`` into its processing list, waiting up to ``block_s``."""
-        # redis-py types the timeout as int, but Redis takes (and sends) fractional seconds.
-        item = await self.redis.blmove(queue, keys.processing(queue), cast(int, block_s), "LEFT", "RIGHT")
-        return cast(bytes | None, item)
+    async def take(self, queue: str, count: int, block_s: float) -> list[bytes]:
+        """Move up to ``count`` items from the head of ``queue`` into its processing list, in order, in one
+        round trip: waits up to ``block_s`` for the first, then takes what else is there."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            # redis-py types the timeout as int, but Redis takes (and sends) fractional seconds.
+            pipe.blmove(queue, keys.processing(queue), cast(int, block_s), "LEFT", "RIGHT")
+            pipe.evalsha(self._pop_many.sha, 2, queue, keys.processing(queue), count - 1)
+            first, rest = await pipe.execute(raise_on_error=False)
+        if isinstance(first, Exception):
+            raise first
+        if isinstance(rest, NoScriptError):
+            rest = await self.pop_many(queue, count - 1)
+        elif isinstance(rest, Exception):
+            raise rest
+        return [first, *rest] if first is not None else list(rest)
 
     async def pop_many(self, queue: str, count: int) -> list[bytes]:
         """Move up to ``count`` items from the head of ``queue`` into its processing list, without waiting."""
@@ -252,12 +268,10 @@ class Store:
     async def hand_over_many(self, queue: str, items: Sequence[tuple[bytes, str, bytes]]) -> list[bool]:
         """For each ``(raw, target, payload)``: LPUSH ``payload`` onto ``target`` and ack ``raw``, atomically,
         all in one round trip; False for an item that had already been handed over."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for raw, target, payload in items:
-                await self._hand_over(
-                    keys=[keys.processing(queue), target], args=[raw, payload, 0], client=pipe
-                )
-            return [bool(done) for done in await pipe.execute()]
+        batch = ScriptBatch(self.redis)
+        for raw, target, payload in items:
+            batch.script(self._hand_over, [keys.processing(queue), target], [raw, payload, 0])
+        return [bool(done) for done in await batch.run()]
 
     async def dead_letter(self, queue: str, raw: bytes, reason: str) -> None:
         """Set aside an item popped from ``queue`` that cannot be handled, with the reason, and ack it."""
@@ -289,19 +303,17 @@ class Store:
         (same source twin and seen id) is not queued again (False)."""
         if not items:
             return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for item in items:
-                if item.seen_id:
-                    await self._accept_remote(
-                        keys=[keys.seen(item.src, item.seen_id), item.queue],
-                        args=[item.ttl_s, item.payload, item.push],
-                        client=pipe,
-                    )
-                elif item.to_service:
-                    pipe.lpush(item.queue, item.payload)
-                else:
-                    pipe.rpush(item.queue, item.payload)
-            return [bool(done) for done in await pipe.execute()]
+        batch = ScriptBatch(self.redis)
+        for item in items:
+            if item.seen_id:
+                batch.script(
+                    self._accept_remote,
+                    [keys.seen(item.src, item.seen_id), item.queue],
+                    [item.ttl_s, item.payload, item.push],
+                )
+            else:
+                batch.command(item.push.lower(), item.queue, item.payload)
+        return [bool(done) for done in await batch.run()]
 
     async def depths(self) -> dict[str, int]:
         """Items waiting in each system queue, in the backlog and in the dead-letter list."""
@@ -319,27 +331,18 @@ class Store:
 
     # --- requests: uids, backlog, send queues, deadlines -------------------------------------------------
 
-    async def next_uids(self, requests: Sequence[Sequence[int]]) -> list[list[str]]:
-        """For each request's destinations, one ``<dst>.<n>`` each, n from ``INCR msgbus.counter.<dst>``."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for destinations in requests:
-                for dst in destinations:
-                    pipe.incr(keys.uid_counter(dst))
-            counters = iter(await pipe.execute())
-        return [[f"{dst}.{next(counters)}" for dst in destinations] for destinations in requests]
-
-    async def accept_requests(self, requests: Sequence[AcceptedRequest]) -> list[bool]:
-        """Record each local request for each of its destinations (backlog, deadline, send queue) and ack
-        its raw item, atomically per request; False for one that had already been accepted."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for request in requests:
-                script_keys = [keys.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
-                script_keys += [keys.send_queue(dst) for _uid, dst in request.uids]
-                args: list[Any] = [request.raw, request.original, request.deadline]
-                for uid, dst in request.uids:
-                    args += [uid, dst]
-                await self._accept_request(keys=script_keys, args=args, client=pipe)
-            return [bool(done) for done in await pipe.execute()]
+    async def accept_requests(self, requests: Sequence[AcceptedRequest]) -> list[list[str] | None]:
+        """Record each local request for each of its destinations (uid, backlog, deadline, send queue) and
+        ack its raw item, atomically per request, in one round trip. Returns each request's uids, in the
+        order of its destinations, or None for one that had already been accepted."""
+        batch = ScriptBatch(self.redis)
+        for request in requests:
+            script_keys = [keys.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
+            for dst in request.destinations:
+                script_keys += [keys.uid_counter(dst), keys.send_queue(dst)]
+            args: list[Any] = [request.raw, request.original, request.deadline, *request.destinations]
+            batch.script(self._accept_request, script_keys, args)
+        return [[_text(uid) for uid in uids] if uids else None for uids in await batch.run()]
 
     async def pending_destinations(self) -> list[int]:
         """Destinations whose send queue is not empty (what a previous run left to send)."""
@@ -418,15 +421,15 @@ class Store:
         """:meth:`finish` for many outcomes at once, in one round trip; with ``ack_queue``, each outcome's
         raw item is acked from that queue's processing list whether it was delivered or not."""
         processing = keys.processing(ack_queue) if ack_queue else ""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for outcome in outcomes:
-                ttl = 0 if keys.is_system_queue(outcome.ret) else keys.RETURN_QUEUE_TTL_S
-                await self._finish(
-                    keys=[keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS, outcome.ret, processing],
-                    args=[outcome.uid, outcome.payload, ttl, request_member(outcome.uid), outcome.raw],
-                    client=pipe,
-                )
-            return [bool(done) for done in await pipe.execute()]
+        batch = ScriptBatch(self.redis)
+        for outcome in outcomes:
+            ttl = 0 if keys.is_system_queue(outcome.ret) else keys.RETURN_QUEUE_TTL_S
+            batch.script(
+                self._finish,
+                [keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS, outcome.ret, processing],
+                [outcome.uid, outcome.payload, ttl, request_member(outcome.uid), outcome.raw],
+            )
+        return [bool(done) for done in await batch.run()]
 
     async def forget_request(self, uid: str) -> None:
         """Drop a request and all its bookkeeping (used when its backlog entry is gone or unreadable)."""
@@ -442,13 +445,13 @@ class Store:
     async def accept_replies(self, queue: str, replies: Sequence[PendingReply]) -> list[bool]:
         """Record replies to forward (payload, state, send-queue entry) and ack each raw item, atomically per
         reply, in one round trip; False for one already recorded."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for reply in replies:
-                script_keys = [keys.processing(queue), keys.REPLIES, keys.REPLY_STATE]
-                script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS]
-                args: list[Any] = [reply.raw, reply.key, reply.payload, json.dumps(reply.state), reply.dst]
-                await self._accept_reply(keys=script_keys, args=args, client=pipe)
-            return [bool(done) for done in await pipe.execute()]
+        batch = ScriptBatch(self.redis)
+        for reply in replies:
+            script_keys = [keys.processing(queue), keys.REPLIES, keys.REPLY_STATE]
+            script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS]
+            args: list[Any] = [reply.raw, reply.key, reply.payload, json.dumps(reply.state), reply.dst]
+            batch.script(self._accept_reply, script_keys, args)
+        return [bool(done) for done in await batch.run()]
 
     async def pending_reply(self, key: str) -> tuple[bytes, dict[str, float]] | None:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -21,6 +21,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from msgbusd.backoff import REDIS_RECONNECT
+from msgbusd.logs import about
 from msgbusd.outbox import Outbox, SendItem
 from msgbusd.queues import Store
 
@@ -107,7 +108,13 @@ class Senders:
                     lane.distrust()
                     redis_failures += 1
                     delay = REDIS_RECONNECT.delay_s(redis_failures)
-                    log.warning("sender to twin %s: redis failed (%s); again in %.1fs", dst, exc, delay)
+                    log.warning(
+                        "sender to twin %s: redis failed (%s); again in %.1fs",
+                        dst,
+                        exc,
+                        delay,
+                        extra=about(dst=dst),
+                    )
                     await self._pause(delay)
         finally:
             if self._lanes.get(dst) is lane:
@@ -172,7 +179,12 @@ class Senders:
             if error is None:
                 continue
             if error.offline and outbox.hold_offline:
-                log.info("holding messages to twin %s while it is unreachable: %s", dst, error.cause)
+                log.info(
+                    "holding messages to twin %s while it is unreachable: %s",
+                    dst,
+                    error.cause,
+                    extra=about(dst=dst),
+                )
                 return entries.index(item.entry)
             await outbox.item_failed(item, error.cause)
         return len(entries)

@@ -36,9 +36,8 @@ class Settings:
     freshness_s: float = 60.0
     # How often the retry and expiry timers look for due work.
     tick_s: float = 0.2
-    # Longest blocking pop; must stay below the Redis client's socket timeout.
+    # Longest blocking pop (it also bounds how long a stop waits for the consumers).
     pop_block_s: float = 1.0
-    redis_socket_timeout_s: float = 10.0
     # Time given to in-flight work after the first SIGTERM before it is left for the next start.
     drain_grace_s: float = 10.0
     # Keep messages to an unreachable twin (without spending their tries) until it is back or they expire.

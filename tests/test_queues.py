@@ -40,14 +40,30 @@ async def test_a_request_is_accepted_once_and_queued_for_each_destination(
     async_redis: aioredis.Redis,
 ) -> None:
     store = Store(async_redis)
+    await async_redis.set(keys.uid_counter(3), 41)
     await async_redis.rpush(keys.LOCAL, b"req")
     (raw,) = await store.pop_many(keys.LOCAL, 1)
-    request = AcceptedRequest(raw, b"original", 123.0, [("2.1", 2), ("3.1", 3)])
-    assert await store.accept_requests([request]) == [True]
-    assert await store.accept_requests([request]) == [False]
-    assert await async_redis.hgetall(keys.BACKLOG) == {b"2.1": b"original", b"3.1": b"original"}
+    request = AcceptedRequest(raw, b"original", 123.0, [2, 3])
+    assert await store.accept_requests([request]) == [["2.1", "3.42"]]
+    assert await store.accept_requests([request]) == [None]
+    assert await async_redis.hgetall(keys.BACKLOG) == {b"2.1": b"original", b"3.42": b"original"}
     assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:2.1"]
+    assert await async_redis.lrange(keys.send_queue(3), 0, -1) == [b"req:3.42"]
+    deadlines = await async_redis.zrange(keys.DEADLINES, 0, -1, withscores=True)
+    assert deadlines == [(b"2.1", 123.0), (b"3.42", 123.0)]
     assert await store.pending_destinations() == [2, 3]
+
+
+async def test_batched_scripts_survive_a_script_flush(async_redis: aioredis.Redis) -> None:
+    """A restarted Redis has no scripts: a batch loads them again and runs each call once."""
+    store = Store(async_redis)
+    await async_redis.rpush(keys.REMOTE, b"a", b"b")
+    first, second = await store.pop_many(keys.REMOTE, 2)
+    await async_redis.script_flush()
+    items = [(first, "svc", b"A"), (second, "svc", b"B")]
+    assert await store.hand_over_many(keys.REMOTE, items) == [True, True]
+    assert await async_redis.lrange("svc", 0, -1) == [b"B", b"A"]
+    assert await async_redis.llen(keys.processing(keys.REMOTE)) == 0
 
 
 async def test_drop_exact_pops_only_when_the_head_is_exactly_what_was_sent(

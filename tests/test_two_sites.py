@@ -198,6 +198,21 @@ def test_unknown_twin_fails_after_all_tries(cluster: LocalCluster, site1: redis.
     wait_until(lambda: backlog_drained(site1), what="backlog to drain")
 
 
+def test_log_lines_about_a_message_name_its_uid_command_destination_and_queue(
+    cluster: LocalCluster, site1: redis.Redis
+) -> None:
+    ret = push_request(site1, [98], "echo.logged", retries=1)
+    pop_replies(site1, ret, 1)
+    lines = [json.loads(line) for line in cluster.sites[0].log().splitlines() if line.startswith("{")]
+    about = [line for line in lines if line.get("queue") == ret]
+    assert about, "a JSON log line names the caller's return queue"
+    (final,) = [line for line in about if line["level"] == "WARNING"]
+    assert final["uid"].startswith("98.") and (final["cmd"], final["dst"]) == ("echo.logged", 98)
+    assert "failed after 2 attempts: twin 98 not found" in final["msg"]
+    retries = [line for line in lines if line.get("uid") == final["uid"] and "retry 1/1" in line["msg"]]
+    assert [(line["cmd"], line["dst"]) for line in retries] == [("echo.logged", 98)]
+
+
 def test_unreachable_site_gives_a_clear_cause(cluster: LocalCluster, site1: redis.Redis) -> None:
     ret = push_request(site1, [DOWN_TWIN], "echo.down", retries=0)
     (error,) = pop_replies(site1, ret, 1)
