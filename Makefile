@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := msgbusd client twin_resolver spark bench
 
-.PHONY: setup system-packages venv lint format test test-fast faults bench demo clean
+.PHONY: setup system-packages venv lint format test test-fast faults bench demo mine-demo clean
 
 setup: system-packages venv
 
@@ -49,5 +49,11 @@ bench: setup
 demo: setup
 	$(BIN)/msgbus demo
 
+# The demo with both sites writing event logs, then the Spark job over them: build/report/report.html.
+mine-demo: setup
+	rm -rf build/events build/report
+	$(BIN)/msgbus demo --event-log build/events
+	$(BIN)/msgbus mine --events 'build/events/*.jsonl' --out build/report
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info build

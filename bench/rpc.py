@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -175,10 +176,21 @@ async def measure(
 
 
 def run_case(
-    args: argparse.Namespace, clients: int, payload: int, fanout: int, floor: bool
+    args: argparse.Namespace, clients: int, payload: int, fanout: int, floor: bool, event_log: bool = False
 ) -> dict[str, object]:
+    """One row. With ``event_log``, both daemons write their event logs (to a directory removed after)."""
     load = Load(clients=clients, payload=b"x" * payload, fanout=fanout)
-    sites = floor_sites() if floor else msgbus_sites(args.key_type, args.daemon_arg or [])
+    with tempfile.TemporaryDirectory(prefix="msgbus-bench-events-") as events_dir:
+        daemon_args = [*(args.daemon_arg or []), *(["--event-log", events_dir] if event_log else [])]
+        row = _run_sites(args, load, floor, daemon_args)
+    system = "floor" if floor else "msgbus + event log" if event_log else "msgbus"
+    return {"system": system, "clients": clients, "payload_bytes": payload, "fanout": fanout, **row}
+
+
+def _run_sites(
+    args: argparse.Namespace, load: Load, floor: bool, daemon_args: list[str]
+) -> dict[str, object]:
+    sites = floor_sites() if floor else msgbus_sites(args.key_type, daemon_args)
     with sites as (redis_urls, pids):
         command = [sys.executable, "-m", "bench.echo_service", redis_urls[1], CMD, str(args.workers)]
         service = subprocess.Popen(command)
@@ -189,13 +201,7 @@ def run_case(
         finally:
             service.terminate()
             service.wait(timeout=10)
-    return {
-        "system": "floor" if floor else "msgbus",
-        "clients": clients,
-        "payload_bytes": payload,
-        "fanout": fanout,
-        **result,
-    }
+    return result
 
 
 def main() -> None:

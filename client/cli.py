@@ -1,7 +1,7 @@
 """The ``msgbus`` command: send requests, wait for replies, serve a command with a program, show an identity.
 
-Exit status: 0 success; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis unreachable or an
-undecodable reply; 4 a missing optional dependency.
+Exit status: 0 success; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis (or the twin source)
+unreachable or an undecodable reply; 4 a missing optional dependency.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
@@ -145,8 +146,16 @@ def identity(
     ] = None,
     key_type: Annotated[KeyType, typer.Option("--key-type", help="Signature scheme.")] = KeyType.sr25519,
     new: Annotated[bool, typer.Option("--new", help="Make a new mnemonic (printed too).")] = False,
+    substrate: Annotated[
+        str | None,
+        typer.Option(
+            "--substrate",
+            metavar="URL",
+            help="Also look up the twin registered for this key on TFChain (ws:// or wss://).",
+        ),
+    ] = None,
 ) -> None:
-    """Print the public key (hex) and SS58 address of a site identity."""
+    """Print the public key (hex) and SS58 address of a site identity (and its twin, with --substrate)."""
     try:
         from msgbusd import identity as ident
     except ImportError as exc:
@@ -165,20 +174,91 @@ def identity(
     typer.echo(f"key type:   {key_type.value}")
     typer.echo(f"public key: {signer.public_key.hex()}")
     typer.echo(f"address:    {ident.ss58_encode(signer.public_key)}")
+    if substrate is not None:
+        typer.echo(f"twin:       {_registered_twin(substrate, signer.public_key)}")
+
+
+def _registered_twin(substrate: str, public_key: bytes) -> int:
+    import asyncio
+
+    from twin_resolver import ResolverError, build_resolver
+
+    try:
+        resolver = build_resolver(substrate, None)
+    except ValueError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+    async def look_up() -> int:
+        try:
+            return await resolver.twin_id_by_public_key(public_key)
+        finally:
+            await resolver.aclose()
+
+    try:
+        return asyncio.run(look_up())
+    except ResolverError as exc:
+        _fail(f"no twin for this key at {substrate}: {exc}", EXIT_REDIS)
 
 
 @app.command()
-def demo() -> None:
+def demo(
+    event_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--event-log",
+            metavar="DIR",
+            help="Have both sites write their event logs to DIR (and send more traffic), for msgbus mine.",
+        ),
+    ] = None,
+) -> None:
     """Start two local sites, serve an echo command and show requests, errors and the proxy flow."""
     try:
         from client.demo import run_demo
     except ImportError as exc:
         _fail(f"the demo needs the daemon: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
     try:
-        run_demo(typer.echo)
+        run_demo(typer.echo, event_log)
     except KeyboardInterrupt:
         typer.echo("interrupted; everything the demo started has been stopped", err=True)
         raise typer.Exit(130) from None
+
+
+backlog_app = typer.Typer(
+    help="Look at what is pending at this site.", no_args_is_help=True, rich_markup_mode=None
+)
+app.add_typer(backlog_app, name="backlog")
+
+
+@backlog_app.command("dump")
+def backlog_dump(redis_url: RedisOption = DEFAULT_REDIS_URL) -> None:
+    """Print one JSON line per pending entry (requests awaiting replies, scheduled re-sends, replies being
+    forwarded, queued items, dead letters), with ages and deadlines; `msgbus mine --backlog` reads them."""
+    from redis import Redis
+
+    from client.backlog_dump import dump
+
+    with _redis_errors(redis_url):
+        try:
+            redis = Redis.from_url(redis_url)
+        except ValueError as exc:
+            _fail(f"invalid Redis URL {_redact(redis_url)!r}: {exc}", EXIT_USAGE)
+        with redis:
+            count = dump(redis, sys.stdout)
+    typer.echo(f"{count} pending entries", err=True)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def mine(ctx: typer.Context) -> None:
+    """Mine event logs and backlog snapshots with Spark: --events PATH... [--backlog PATH...] --out DIR
+    [--master local[*]] [--since ISO] [--until ISO] (`msgbus mine --help` for all)."""
+    try:
+        from spark.mine import main as mine_main
+    except ImportError as exc:
+        _fail(f"msgbus mine needs PySpark: pip install 'msgbus[spark]' ({exc})", EXIT_MISSING_DEP)
+    raise typer.Exit(mine_main(list(ctx.args)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,8 +2,10 @@
 
 Starts two private redis-server processes and two msgbusd sites with fresh identities and a temporary twin
 map, serves ``demo.echo`` on both sites, then shows: one request, a request to several twins, one to a twin
-that does not exist, and the HTTP proxy flow (``/zbus-cmd`` + ``/zbus-result``). Cleans up on the way out,
-also after Ctrl-C. Needs the daemon extra (``pip install 'msgbus[daemon]'``).
+that does not exist, and the HTTP proxy flow (``/zbus-cmd`` + ``/zbus-result``). With an event log
+directory, both sites write their event logs there and the demo adds a burst of traffic, ready for
+``msgbus mine``. Cleans up on the way out, also after Ctrl-C. Needs the daemon extra
+(``pip install 'msgbus[daemon]'``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from client.replies import Reply
 from client.request import Request
@@ -25,8 +28,12 @@ UNKNOWN_TWIN = 99
 PROXY_CLIENT_TWIN = 50
 
 
-def run_demo(say: Callable[[str], None] = print) -> None:
-    """Run the whole demo, printing what happens with ``say``."""
+TRAFFIC_REQUESTS = 300
+
+
+def run_demo(say: Callable[[str], None] = print, event_log: Path | None = None) -> None:
+    """Run the whole demo, printing what happens with ``say``; with ``event_log``, sites log their events
+    there."""
     import httpx
 
     from msgbusd.envelope import Envelope
@@ -37,7 +44,13 @@ def run_demo(say: Callable[[str], None] = print) -> None:
     proxy_signer = load_signer(new_mnemonic(), "sr25519")
     cluster = LocalCluster(
         size=2,
-        extra_args=["--retry-delay", "0.2", "--retry-max-delay", "0.5"],
+        extra_args=[
+            "--retry-delay",
+            "0.2",
+            "--retry-max-delay",
+            "0.5",
+            *(["--event-log", str(event_log)] if event_log is not None else []),
+        ],
         extra_twins=[Twin(PROXY_CLIENT_TWIN, "", proxy_signer.public_key, name="http-client")],
     )
     say("msgbus demo: starting two sites on this machine (redis-server + msgbusd each)...")
@@ -82,10 +95,25 @@ def run_demo(say: Callable[[str], None] = print) -> None:
                 results = _poll_result(http, retqueue)
             for item in results:
                 say(f"   /zbus-result: {json.dumps({k: item[k] for k in ('uid', 'src', 'dat', 'err')})}")
+            if event_log is not None:
+                _traffic(say, client)
         say("\nDone. Everything above went through real Redis lists and signed HTTP between the two daemons.")
     finally:
         say("cleaning up: stopping the sites and their redis-servers")
         cluster.cleanup()
+    if event_log is not None:
+        say(f"\nEvent logs of both sites: {event_log}. Turn them into a report with:")
+        say(f"   msgbus mine --events '{event_log}/*.jsonl' --out msgbus-report")
+
+
+def _traffic(say: Callable[[str], None], client: Client) -> None:
+    say(f"\n5. {TRAFFIC_REQUESTS} more requests for the event log: to twins 1 and 2, and a few to twin 99")
+    errors = 0
+    for index in range(TRAFFIC_REQUESTS):
+        dst = UNKNOWN_TWIN if index % 50 == 49 else 1 + index % 2
+        for reply in client.call(dst, ECHO, b"traffic %d" % index, timeout=30):
+            errors += bool(reply.error)
+    say(f"   {TRAFFIC_REQUESTS} round trips, {errors} answered with an error")
 
 
 def _show(say: Callable[[str], None], reply: Reply, elapsed_s: float | None) -> None:

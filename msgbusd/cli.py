@@ -54,8 +54,25 @@ def main_command(
         int | None, typer.Option(help="This site's twin id; looked up from the key when omitted.")
     ] = None,
     substrate: Annotated[
-        str, typer.Option(help="TFChain endpoint used to resolve twins.")
+        str,
+        typer.Option(
+            help="Where twins are looked up: TFChain (ws:// or wss://) or an HTTP twin source (http(s)://, "
+            "GET /twin/{id}). Not used with --twins."
+        ),
     ] = DEFAULT_SUBSTRATE_URL,
+    twin_cache_ttl: Annotated[
+        float, typer.Option(min=0.0, help="Seconds a twin looked up on the chain or HTTP source is kept.")
+    ] = 300.0,
+    twin_stale_for: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="While the twin source is unreachable, serve the last known answer this much longer.",
+        ),
+    ] = 3600.0,
+    twin_lookup_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds one look-up on the chain or HTTP source may take.")
+    ] = 10.0,
     twins: Annotated[
         Path | None, typer.Option(help="Static twin map (JSON); used instead of the chain.")
     ] = None,
@@ -80,6 +97,16 @@ def main_command(
     drain_grace: Annotated[
         float, typer.Option(min=0.0, help="Seconds in-flight work gets on SIGTERM.")
     ] = 10.0,
+    event_log: Annotated[
+        Path | None,
+        typer.Option(help="Directory for the event log (JSON lines of every step of every message)."),
+    ] = None,
+    event_log_max_mb: Annotated[
+        int, typer.Option(min=1, help="Start a new event log file when the current one reaches this size.")
+    ] = 64,
+    event_log_rotate_minutes: Annotated[
+        float, typer.Option(min=0.1, help="Start a new event log file after this long.")
+    ] = 60.0,
 ) -> None:
     """Run a msgbus site: relay RMB messages between this site's Redis and other sites over HTTP."""
     level = LOG_LEVELS.get(log_level.lower())
@@ -94,6 +121,9 @@ def main_command(
         twin=twin,
         substrate_url=substrate,
         twins_file=twins,
+        twin_cache_ttl_s=twin_cache_ttl,
+        twin_stale_for_s=twin_stale_for,
+        twin_lookup_timeout_s=twin_lookup_timeout,
         redis_url=redis,
         listen_host=host,
         listen_port=port,
@@ -104,6 +134,9 @@ def main_command(
         retry_max_delay_s=retry_max_delay,
         drain_grace_s=drain_grace,
         hold_offline=hold_offline,
+        event_log_dir=event_log,
+        event_log_max_bytes=event_log_max_mb * 1024 * 1024,
+        event_log_rotate_s=event_log_rotate_minutes * 60,
     )
     configure_logging(level)
     from msgbusd.runner import run

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from msgbusd import keys
 from msgbusd.backoff import REDIS_RECONNECT, Backoff
+from msgbusd.event_log import EventLog
 from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
 from msgbusd.health import PeerHealth
@@ -38,6 +39,7 @@ from msgbusd.senders import Senders
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
 from twin_resolver.base import Resolver
+from twin_resolver.cache import CachedResolver
 
 log = logging.getLogger("msgbusd")
 
@@ -65,6 +67,7 @@ class Site:
     door: Door
     clock: Callable[[], float]
     metrics: Metrics
+    events: EventLog
 
 
 # A Redis host that vanishes without closing the connection is noticed within about 25 s.
@@ -133,7 +136,7 @@ class Daemon:
         self.ready = asyncio.Event()
         self.senders = Senders(site.store, site.outbox, self._spawn, self._stopping)
         self.handlers = Handlers(
-            site.store, site.outbox, site.twin, self._kick_senders, site.clock, site.metrics
+            site.store, site.outbox, site.twin, self._kick_senders, site.clock, site.metrics, site.events
         )
         site.metrics.refresh = self._refresh_metrics
         site.door.deliver_replies = self.handlers.deliver_from_peers
@@ -179,6 +182,7 @@ class Daemon:
 
     async def run(self) -> None:
         settings = self.site.settings
+        await self.site.redis.set(keys.SITE_TWIN, self.site.twin)
         for queue in keys.SYSTEM_QUEUES:
             recovered = await self.site.store.recover(queue)
             if recovered:
@@ -207,6 +211,7 @@ class Daemon:
             group.create_task(self._consume_in_order(keys.REMOTE, handlers.remote), name="consume remote")
             group.create_task(self._consume_in_order(keys.REPLY, handlers.reply), name="consume reply")
             group.create_task(self._timers(), name="timers")
+            group.create_task(self.site.events.run(self._stopping), name="event log")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             group.create_task(self._announce_ready(), name="ready")
             await self._stopping.wait()
@@ -368,6 +373,15 @@ async def open_site(
     store = Store(redis)
     backoff = Backoff(settings.retry_delay_s, settings.retry_max_delay_s)
     metrics = Metrics()
+    if isinstance(resolver, CachedResolver):
+        metrics.watch_twin_cache(resolver.stats)
+    events = EventLog(
+        settings.event_log_dir,
+        twin,
+        max_bytes=settings.event_log_max_bytes,
+        rotate_s=settings.event_log_rotate_s,
+        clock=clock,
+    )
     forwarder = Forwarder(http, resolver, signer, clock, metrics)
     # Probes of an absent peer are spaced like retries, but never closer than PROBE_FLOOR_S.
     probe_backoff = Backoff(
@@ -384,12 +398,14 @@ async def open_site(
         hold_offline=settings.hold_offline,
         clock=clock,
         metrics=metrics,
+        events=events,
     )
-    door = Door(store, resolver, signer, settings.freshness_s, clock, metrics, twin)
-    return Site(settings, twin, redis, http, store, outbox, door, clock, metrics)
+    door = Door(store, resolver, signer, settings.freshness_s, clock, metrics, twin, events=events)
+    return Site(settings, twin, redis, http, store, outbox, door, clock, metrics, events)
 
 
 async def close_site(site: Site) -> None:
+    site.events.close()
     await site.http.aclose()
     await site.redis.aclose()
 

@@ -136,6 +136,13 @@ def decode_payload(dat: str) -> bytes:
         raise ValueError(f"dat is not base64: {exc}") from exc
 
 
+def payload_size(dat: str) -> int:
+    """Bytes of the payload a base64 ``dat`` carries, without decoding it."""
+    if not dat:
+        return 0
+    return len(dat) * 3 // 4 - (2 if dat.endswith("==") else 1 if dat.endswith("=") else 0)
+
+
 def _check(key: str, kind: str, value: Any, raw: bytes) -> Any:
     if kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):

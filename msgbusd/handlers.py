@@ -11,9 +11,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from msgbusd import event_schema as ev
 from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage
+from msgbusd.event_log import EventLog
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
 from msgbusd.outbox import Outbox, SendItem, destination_of
@@ -32,8 +34,10 @@ class Handlers:
         on_accepted: Callable[[Mapping[int, list[SendItem] | None]], None],
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self._metrics = metrics or Metrics()
+        self._events = events or EventLog(None, twin)
         self._store = store
         self._outbox = outbox
         self._twin = twin
@@ -103,6 +107,7 @@ class Handlers:
             )
             self._metrics.message("accepted", len(uids))
             for uid, dst in zip(uids, original.dst, strict=True):
+                self._events.emit(ev.ACCEPTED, original, uid=uid, dst=dst, ret=original.ret)
                 items = ready.setdefault(dst, [])
                 if items is not None:
                     items.append(self._outbox.request_item(uid, original))
@@ -163,8 +168,11 @@ class Handlers:
                 extra=about(uid=env.uid, cmd=env.cmd, src=env.src, queue=keys.command_queue(env.cmd)),
             )
         if hand_overs:
-            await self._store.hand_over_many(keys.REMOTE, hand_overs)
+            handed = await self._store.hand_over_many(keys.REMOTE, hand_overs)
             self._metrics.message("delivered_to_service", len(hand_overs))
+            for (raw, queue, _payload), done in zip(hand_overs, handed, strict=True):
+                if done and self._events.enabled:
+                    self._events.emit(ev.HANDED_TO_SERVICE, Envelope.decode(raw), queue=queue)
 
     # --- msgbus.system.reply: replies from local services and from other sites ----------------------------
 
@@ -177,6 +185,9 @@ class Handlers:
             if env is None:
                 continue
             if not env.pxy and env.dst and env.dst[0] == self._twin:
+                if env.src == self._twin:
+                    # A local service answering a request this site sent to itself.
+                    self._events.emit(ev.REPLY_TAKEN, env, src=self._twin, dst=self._twin)
                 deliveries.append((raw, env))
             elif not env.pxy and env.dst and env.src == self._twin:
                 forwards.append((raw, env))
@@ -225,12 +236,16 @@ class Handlers:
         """Hand replies to their callers; each request's first one wins. ``queue`` is where the items were
         popped from (they are acked), or None for replies that were not popped from a queue."""
         self._metrics.message("reply_received", len(replies))
+        for _raw, env in replies:
+            self._events.emit(ev.REPLY_RECEIVED, env, src=self._twin, dst=env.src)
         entries = await self._store.load_entries([keys.REQUEST_PREFIX + env.uid for _raw, env in replies])
         outcomes: list[Outcome] = []
+        lifetimes: list[float] = []
         for (raw, env), (entry, _) in zip(replies, entries, strict=True):
             if entry is None:
                 # The final-outcome script acks the item and delivers nothing: the request is finished.
                 outcomes.append(Outcome(env.uid, env.ret or keys.REPLY, b"", raw))
+                lifetimes.append(0.0)
                 continue
             expected = destination_of(env.uid)
             if expected != env.src:
@@ -245,10 +260,22 @@ class Handlers:
                 await self._set_aside(queue, raw, env, f"backlog entry of {env.uid} unreadable: {exc.reason}")
                 continue
             outcomes.append(Outcome(env.uid, original.ret, env.replace(ret=original.ret).encode(), raw))
+            lifetimes.append(original.lifetime_s)
         delivered = await self._store.finish_many(outcomes, ack_queue=queue)
-        for outcome, done in zip(outcomes, delivered, strict=True):
-            if done:
+        now = self._clock()
+        for outcome, lifetime_s, deadline in zip(outcomes, lifetimes, delivered, strict=True):
+            if deadline is not None:
                 self._metrics.message("delivered_to_caller")
+                if deadline > 0:
+                    # The deadline was set to the acceptance time plus the lifetime.
+                    self._metrics.observe_round_trip(max(0.0, now - (deadline - lifetime_s)))
+                self._events.emit(
+                    ev.DELIVERED,
+                    uid=outcome.uid,
+                    src=self._twin,
+                    dst=destination_of(outcome.uid),
+                    ret=outcome.ret,
+                )
                 log.debug(
                     "delivered reply uid=%s to %s",
                     outcome.uid,
@@ -267,6 +294,7 @@ class Handlers:
         now = self._clock()
         pending = []
         for raw, env in replies:
+            self._events.emit(ev.REPLY_TAKEN, env, src=env.dst[0], dst=self._twin)
             key = keys.reply_key(env.dst[0], env.uid)
             state = {"first": now, "attempts": 0, "deadline": now + env.lifetime_s}
             pending.append(PendingReply(raw, env.dst[0], key, env.replace(sig="").encode(), state))

@@ -24,9 +24,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from msgbusd import event_schema as ev
 from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage, RejectedRequest, go_duration, http_error_body
+from msgbusd.event_log import EventLog
 from msgbusd.forwarder import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 from msgbusd.metrics import ErrorCause, Metrics
 from msgbusd.queues import Inbound, Store
@@ -56,6 +58,7 @@ class Door:
     metrics: Metrics = field(default_factory=Metrics)
     twin: int = 0
     deliver_replies: Callable[[list[Envelope]], Awaitable[None]] | None = None
+    events: EventLog = field(default_factory=lambda: EventLog(None, 0))
 
     async def verified(self, request: Request) -> Envelope:
         """The request's envelope, if it passes every check; else :class:`RejectedRequest`."""
@@ -63,37 +66,37 @@ class Door:
         try:
             env = Envelope.decode(body)
         except EnvelopeDecodeError as exc:
-            self._rejected("invalid")
-            raise RejectedRequest(400, "couldn't parse json") from exc
+            raise self._rejected("invalid", 400, "couldn't parse json") from exc
         await self.check(env)
         return env
 
-    def _rejected(self, cause: ErrorCause) -> None:
+    def _rejected(
+        self, cause: ErrorCause, status: int, message: str, env: Envelope | None = None
+    ) -> RejectedRequest:
+        """Count a refused message and record it; returns the error to raise."""
         self.metrics.message("rejected")
         self.metrics.error(cause)
+        self.events.emit(ev.REJECTED, env, status=status, error=message)
+        return RejectedRequest(status, message)
 
     async def check(self, env: Envelope) -> None:
         """Freshness, the source twin's key and the signature, in go-rmb's order."""
         now = int(self.clock())
         if now - env.now > self.freshness_s:
-            self._rejected("too_old")
             age = go_duration(self.clock() - env.now)
-            raise RejectedRequest(
-                400, f"message is too old, sent since {age}, sent time: {env.now}, now: {now}"
-            )
+            message = f"message is too old, sent since {age}, sent time: {env.now}, now: {now}"
+            raise self._rejected("too_old", 400, message, env)
         try:
             twin = await self.resolver.get_twin(env.src)
         except TwinNotFound as exc:
-            self._rejected("not_found")
-            raise RejectedRequest(400, f"source twin {env.src} not found") from exc
+            raise self._rejected("not_found", 400, f"source twin {env.src} not found", env) from exc
         except ResolverError as exc:
-            self._rejected("other")
-            raise RejectedRequest(502, f"couldn't get twin {env.src} public key: {exc}") from exc
+            message = f"couldn't get twin {env.src} public key: {exc}"
+            raise self._rejected("other", 502, message, env) from exc
         try:
             verify(env, twin.public_key)
         except SignatureError as exc:
-            self._rejected("signature")
-            raise RejectedRequest(400, exc.message) from exc
+            raise self._rejected("signature", 400, exc.message, env) from exc
 
     async def take(self, messages: list[tuple[str, Envelope]]) -> None:
         """Hand on checked envelopes that came in on ``/zbus-remote`` or ``/zbus-reply``: valid requests to
@@ -106,8 +109,12 @@ class Door:
             if not (path == REPLY_PATH and self._for_our_callers(env))
         ]
         self.metrics.message("received", len(messages))
+        for path, env in messages:
+            if path == REMOTE_PATH:
+                self.events.emit(ev.RECEIVED, env)
         if items:
             queued = await self.store.queue_from_peers(items)
+            self._record_hand_overs(items, queued)
             duplicates = len(queued) - sum(queued)
             if duplicates:
                 self.metrics.message("duplicate", duplicates)
@@ -116,6 +123,14 @@ class Door:
                 )
         if replies and self.deliver_replies is not None:
             await self.deliver_replies(replies)
+
+    def _record_hand_overs(self, items: list[Inbound], queued: list[bool]) -> None:
+        if not self.events.enabled:
+            return
+        for item, done in zip(items, queued, strict=True):
+            if item.to_service and item.envelope is not None:
+                event = ev.HANDED_TO_SERVICE if done else ev.DUPLICATE
+                self.events.emit(event, item.envelope, queue=item.queue)
 
     def _for_our_callers(self, env: Envelope) -> bool:
         return self.deliver_replies is not None and not env.pxy and bool(env.dst) and env.dst[0] == self.twin
@@ -129,9 +144,9 @@ class Door:
             return Inbound(keys.REMOTE, env.encode())
         target = keys.command_queue(env.cmd)
         if not env.uid:
-            return Inbound(target, env.encode(), to_service=True)
+            return Inbound(target, env.encode(), to_service=True, envelope=env)
         ttl_s = dedup_ttl_s(env, self.freshness_s)
-        return Inbound(target, env.encode(), env.src, seen_id(env), ttl_s, to_service=True)
+        return Inbound(target, env.encode(), env.src, seen_id(env), ttl_s, to_service=True, envelope=env)
 
 
 def create_app(door: Door, extra_routes: Sequence[Route] = ()) -> Starlette:

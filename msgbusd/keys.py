@@ -66,6 +66,9 @@ DEADLINES = "msgbus.system.deadlines"
 REPLIES = "msgbus.system.replies"
 # hash: "<dst>|<uid>" -> JSON {"first": unix s, "attempts": n, "deadline": unix s} of a reply being forwarded.
 REPLY_STATE = "msgbus.system.replies.state"
+# string: the twin of the daemon serving this Redis, written at its start (for snapshots of the backlog).
+SITE_TWIN = "msgbus.system.twin"
+
 # list: JSON {"queue", "reason", "raw", "at"} of items that could not be decoded or routed; for operators.
 DEAD_LETTER = "msgbus.system.deadletter"
 # How many dead letters are kept (oldest trimmed).

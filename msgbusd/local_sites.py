@@ -124,6 +124,8 @@ class SiteProcess:
     log_path: Path | None = None
     # What the twin map says to reach this site (e.g. a proxy in front of it); default: its own port.
     advertised_address: str | None = None
+    # Look twins up there (``--substrate``: chain or HTTP twin source) instead of in ``twins_file``.
+    twin_source: str | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -147,8 +149,7 @@ class SiteProcess:
             str(self.twin),
             "--key-type",
             self.key_type,
-            "--twins",
-            str(self.twins_file),
+            *(["--substrate", self.twin_source] if self.twin_source else ["--twins", str(self.twins_file)]),
             "--redis",
             self.redis_url,
             "--listen",
@@ -211,6 +212,8 @@ class LocalCluster:
     extra_twins: Sequence[Twin] = ()
     # Redis with an append-only file, as in production (the fault tests restart Redis).
     redis_appendonly: bool = False
+    # Sites look twins up there instead of in the twin map (which is still written, for a source to serve).
+    twin_source: str | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-cluster-")))
     redis: list[RedisProcess] = field(default_factory=list)
     sites: list[SiteProcess] = field(default_factory=list)
@@ -237,6 +240,7 @@ class LocalCluster:
                         key_type=self.key_type,
                         extra_args=self.extra_args,
                         log_path=self.workdir / f"msgbusd-{index + 1}.log",
+                        twin_source=self.twin_source,
                     )
                 )
         except BaseException:

@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Literal, TypeVar, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from twin_resolver.cache import CacheStats
 
 log = logging.getLogger("msgbusd.metrics")
 
@@ -50,6 +54,9 @@ SEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 # A round trip includes the service's work and any re-sends, up to the request's lifetime (3600 s default).
 ROUND_TRIP_BUCKETS = (*SEND_BUCKETS[2:], 60.0, 300.0, 3600.0)
 REFRESH_TIMEOUT_S = 5.0
+
+# The twin cache's counters, as labels of msgbus_twin_cache_total.
+TWIN_CACHE_COUNTS = ("lookups", "hits", "negative_hits", "fetches", "failures", "stale_served")
 
 Refresh = Callable[[], Awaitable[None]]
 _Label = TypeVar("_Label", bound=str)
@@ -122,6 +129,10 @@ class Metrics:
         """Record how long one POST to a peer took, whatever its outcome."""
         self.send_seconds.labels(path=_checked(path, SEND_PATHS)).observe(seconds)
 
+    def watch_twin_cache(self, stats: CacheStats) -> None:
+        """Export the twin cache's counters (read at each scrape) as ``msgbus_twin_cache_total{what}``."""
+        self.registry.register(_TwinCacheCollector(stats))
+
     def observe_round_trip(self, seconds: float) -> None:
         """Record the time from accepting a local request to delivering its reply to the caller."""
         self.round_trip_seconds.observe(seconds)
@@ -162,6 +173,22 @@ class Metrics:
 def metrics_endpoint(metrics: Metrics) -> ASGIApp:
     """An ASGI app serving ``metrics``, for ``Route("/metrics", metrics_endpoint(m))``."""
     return _MetricsApp(metrics)
+
+
+class _TwinCacheCollector(Collector):
+    def __init__(self, stats: CacheStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "msgbus_twin_cache",
+            "Twin look-ups (lookups), answered from the cache (hits, negative_hits), asked of the chain or "
+            "HTTP source (fetches), failed there (failures), answered with a stale answer (stale_served).",
+            labels=["what"],
+        )
+        for what in TWIN_CACHE_COUNTS:
+            family.add_metric([what], getattr(self._stats, what))
+        yield family
 
 
 def healthz_endpoint(check: HealthCheck, *, timeout_s: float = REFRESH_TIMEOUT_S) -> ASGIApp:

@@ -14,10 +14,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from msgbusd import event_schema as ev
 from msgbusd import keys
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import DeliveryError, all_retries_done_text, expired_text
+from msgbusd.event_log import EventLog
 from msgbusd.forwarder import REMOTE_PATH, REPLY_PATH, Forwarder
 from msgbusd.health import PeerHealth
 from msgbusd.logs import about
@@ -75,8 +77,10 @@ class Outbox:
         hold_offline: bool = False,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self.metrics = metrics or Metrics()
+        self.events = events or EventLog(None, twin)
         self._store = store
         self._forwarder = forwarder
         self._twin = twin
@@ -140,16 +144,59 @@ class Outbox:
 
     async def send_items(self, dst: int, items: list[SendItem]) -> list[DeliveryError | None]:
         """Send a batch to ``dst``, keeping the peer's health up to date."""
+        started_at, started = self._clock(), time.perf_counter()
         results = await self._forwarder.send_many(dst, [(item.path, item.envelope) for item in items])
-        for error in results:
+        duration_us = _micros_since(started)
+        for item, error in zip(items, results, strict=True):
             if error is not None:
                 self.metrics.error(error.kind)
+            self._record_send(item, error, started_at, duration_us)
         offline = next((r for r in results if r is not None and r.offline), None)
         if offline is not None:
             self.health.unreachable(dst, offline.cause)
         elif any(r is None for r in results):
             self.health.succeeded(dst)
         return results
+
+    def _record_send(
+        self, item: SendItem, error: DeliveryError | None, started_at: float, duration_us: int
+    ) -> None:
+        env = item.envelope
+        if item.original is not None:
+            attempt = item.original.retries - env.retries + 1
+        else:
+            attempt = int((item.state or {}).get("attempts", 0)) + 1
+        self._record_attempt(item.original is not None, env, attempt, started_at, duration_us, error)
+
+    def _record_attempt(
+        self,
+        is_request: bool,
+        env: Envelope,
+        attempt: int,
+        started_at: float,
+        duration_us: int,
+        error: DeliveryError | None,
+    ) -> None:
+        """The event log's line for one POST of a request or a reply (``env`` is what went on the wire)."""
+        if not self.events.enabled:
+            return
+        if is_request:
+            event = ev.SENT if error is None else ev.SEND_FAILED
+            direction: dict[str, int] = {}
+        else:
+            event = ev.REPLY_SENT if error is None else ev.REPLY_FAILED
+            # Events name the request's direction; a reply travels the other way.
+            direction = {"src": env.dst[0], "dst": env.src}
+        self.events.emit(
+            event,
+            env,
+            at=started_at,
+            attempt=attempt,
+            duration_us=duration_us,
+            status=200 if error is None else None,
+            error=error.cause if error else None,
+            **direction,
+        )
 
     async def items_sent(self, items: list[SendItem]) -> None:
         """The peer has these: forget the replies among them (requests now wait for their reply)."""
@@ -194,13 +241,16 @@ class Outbox:
         """One send of request ``uid``; returns what went wrong, or None once the peer has it."""
         env = self.forwarded_copy(original, uid, failures)
         dst = env.dst[0]
+        started_at, started = self._clock(), time.perf_counter()
         try:
             await self._forwarder.send(env, REMOTE_PATH)
         except DeliveryError as exc:
             if exc.offline:
                 self.health.unreachable(dst, exc.cause)
             self.metrics.error(exc.kind)
+            self._record_attempt(True, env, failures + 1, started_at, _micros_since(started), exc)
             return exc
+        self._record_attempt(True, env, failures + 1, started_at, _micros_since(started), None)
         self.health.succeeded(dst)
         self.metrics.message("sent")
         log.debug(
@@ -223,6 +273,15 @@ class Outbox:
             delay = self._backoff.delay_s(failures)
             if await self._store.schedule_retry(uid, self._clock() + delay):
                 self.metrics.message("retried")
+                self.events.emit(
+                    ev.RETRY_SCHEDULED,
+                    original,
+                    uid=uid,
+                    dst=dst,
+                    attempt=failures,
+                    delay_ms=int(delay * 1000),
+                    error=cause,
+                )
                 log.info(
                     "send of uid=%s to twin %s failed (%s); retry %d/%d in %.1fs",
                     uid,
@@ -237,6 +296,9 @@ class Outbox:
         error = original.replace(src=dst or 0, err=all_retries_done_text(cause), now=int(self._clock()))
         if await self._store.finish(uid, original.ret, error.encode()):
             self.metrics.message("failed")
+            self.events.emit(
+                ev.FAILED, original, uid=uid, dst=dst, ret=original.ret, attempt=failures, error=error.err
+            )
             log.warning(
                 "request uid=%s cmd=%s to twin %s failed after %d attempts: %s",
                 uid,
@@ -277,13 +339,17 @@ class Outbox:
                 reply_member(key), self._clock() + self.health.seconds_until_probe(dst)
             )
             return
+        attempt = int(state.get("attempts", 0)) + 1
+        started_at, started = self._clock(), time.perf_counter()
         try:
             await self._forwarder.send(env, REPLY_PATH)
         except DeliveryError as exc:
             if exc.offline:
                 self.health.unreachable(dst, exc.cause)
+            self._record_attempt(False, env, attempt, started_at, _micros_since(started), exc)
             await self._reply_failed(key, env, state, exc.cause)
             return
+        self._record_attempt(False, env, attempt, started_at, _micros_since(started), None)
         self.health.succeeded(dst)
         self.metrics.message("reply_sent")
         await self._store.forget_reply(key)
@@ -379,9 +445,17 @@ class Outbox:
             )
             outcomes.append(Outcome(uid, original.ret, error.encode()))
             expired.append((uid, original))
-        for (uid, original), done in zip(expired, await self._store.finish_many(outcomes), strict=True):
-            if done:
+        for (uid, original), deadline in zip(expired, await self._store.finish_many(outcomes), strict=True):
+            if deadline is not None:
                 self.metrics.message("expired")
+                self.events.emit(
+                    ev.EXPIRED,
+                    original,
+                    uid=uid,
+                    dst=destination_of(uid),
+                    ret=original.ret,
+                    error=expired_text(original.lifetime_s),
+                )
                 log.warning(
                     "request uid=%s cmd=%s expired after %ss without a reply",
                     uid,
@@ -415,3 +489,7 @@ def _decode_or_none(entry: bytes) -> Envelope | None:
         return Envelope.decode(entry)
     except EnvelopeDecodeError:
         return None
+
+
+def _micros_since(started: float) -> int:
+    return int((time.perf_counter() - started) * 1_000_000)

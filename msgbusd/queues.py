@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from msgbusd import keys
+from msgbusd.envelope import Envelope
 from msgbusd.script_batch import ScriptBatch
 
 # Moves a processing list back to the head of its queue, keeping the original order.
@@ -98,17 +99,19 @@ return 0
 
 # The single place where a request gets its final outcome. The HDEL on the backlog is the claim: whoever
 # removes the entry delivers, everybody else (a late reply, a duplicate, the expiry timer) delivers nothing.
+# Returns 0, or (delivered) the request's deadline, from which the caller tells how long it took.
 # KEYS: backlog, deadlines, outbox, attempts, ret, processing list (or "" when the caller popped nothing).
 # ARGV: uid, payload, ttl seconds (0 = none), outbox member, processed raw item (when KEYS[6] is set).
 _FINISH = """
 if KEYS[6] ~= '' then redis.call('LREM', KEYS[6], 1, ARGV[5]) end
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+local deadline = redis.call('ZSCORE', KEYS[2], ARGV[1]) or '-1'
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[4])
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('LPUSH', KEYS[5], ARGV[2])
 if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[5], ARGV[3]) end
-return 1
+return deadline
 """
 
 # A retry is scheduled only for a request that has no outcome yet. KEYS: backlog, outbox.
@@ -166,6 +169,8 @@ class Inbound:
     seen_id: str = ""
     ttl_s: int = 0
     to_service: bool = False
+    # The decoded message, kept for the event log.
+    envelope: Envelope | None = None
 
     @property
     def push(self) -> str:
@@ -414,12 +419,15 @@ class Store:
 
     async def finish(self, uid: str, ret: str, payload: bytes) -> bool:
         """Deliver the final outcome of request ``uid`` to ``ret``; False if it already had one."""
-        (done,) = await self.finish_many([Outcome(uid, ret, payload)])
-        return done
+        (deadline,) = await self.finish_many([Outcome(uid, ret, payload)])
+        return deadline is not None
 
-    async def finish_many(self, outcomes: Sequence[Outcome], ack_queue: str | None = None) -> list[bool]:
+    async def finish_many(
+        self, outcomes: Sequence[Outcome], ack_queue: str | None = None
+    ) -> list[float | None]:
         """:meth:`finish` for many outcomes at once, in one round trip; with ``ack_queue``, each outcome's
-        raw item is acked from that queue's processing list whether it was delivered or not."""
+        raw item is acked from that queue's processing list whether it was delivered or not. For each
+        outcome delivered, the request's deadline (unix seconds; -1 if it had none); None for the others."""
         processing = keys.processing(ack_queue) if ack_queue else ""
         batch = ScriptBatch(self.redis)
         for outcome in outcomes:
@@ -429,7 +437,7 @@ class Store:
                 [keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS, outcome.ret, processing],
                 [outcome.uid, outcome.payload, ttl, request_member(outcome.uid), outcome.raw],
             )
-        return [bool(done) for done in await batch.run()]
+        return [None if answer == 0 else float(answer) for answer in await batch.run()]
 
     async def forget_request(self, uid: str) -> None:
         """Drop a request and all its bookkeeping (used when its backlog entry is gone or unreadable)."""

@@ -9,21 +9,25 @@ from msgbusd.daemon import StartupError, serve
 from msgbusd.identity import IdentityError, load_signer
 from msgbusd.settings import Settings
 from twin_resolver.base import Resolver
-from twin_resolver.static import StaticResolver, TwinFileError
+from twin_resolver.factory import build_resolver as resolver_from
+from twin_resolver.static import TwinFileError
 
 log = logging.getLogger("msgbusd")
 
 
 def build_resolver(settings: Settings) -> Resolver:
-    if settings.twins_file is not None:
-        try:
-            return StaticResolver(settings.twins_file)
-        except TwinFileError as exc:
-            raise StartupError(str(exc)) from exc
-    raise StartupError(
-        f"resolving twins through the chain ({settings.substrate_url}) is not available in this version; "
-        "give a twin map with --twins FILE"
-    )
+    """The twin map when given, else the chain (ws/wss) or an HTTP twin source, behind a cache."""
+    try:
+        return resolver_from(
+            settings.substrate_url,
+            settings.twins_file,
+            ttl_s=settings.twin_cache_ttl_s,
+            negative_ttl_s=settings.twin_negative_ttl_s,
+            stale_for_s=settings.twin_stale_for_s,
+            timeout_s=settings.twin_lookup_timeout_s,
+        )
+    except (TwinFileError, ValueError) as exc:
+        raise StartupError(str(exc)) from exc
 
 
 async def run(settings: Settings) -> None:

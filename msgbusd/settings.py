@@ -21,6 +21,12 @@ class Settings:
     twin: int | None = None
     substrate_url: str = DEFAULT_SUBSTRATE_URL
     twins_file: Path | None = None
+    # Twin look-ups through the chain or an HTTP source: answers kept this long (go-rmb: 5 minutes), "not
+    # found" kept a short while, and the last answer served for this long while the source is unreachable.
+    twin_cache_ttl_s: float = 300.0
+    twin_negative_ttl_s: float = 10.0
+    twin_stale_for_s: float = 3600.0
+    twin_lookup_timeout_s: float = 10.0
     redis_url: str = DEFAULT_REDIS_URL
     listen_host: str = "::"
     listen_port: int = DEFAULT_PORT
@@ -42,4 +48,8 @@ class Settings:
     drain_grace_s: float = 10.0
     # Keep messages to an unreachable twin (without spending their tries) until it is back or they expire.
     hold_offline: bool = False
+    # Where to write the event log (None: no event log), and when to start its next file.
+    event_log_dir: Path | None = None
+    event_log_max_bytes: int = 64 * 1024 * 1024
+    event_log_rotate_s: float = 3600.0
     handle_signals: bool = True

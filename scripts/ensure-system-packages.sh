@@ -1,9 +1,11 @@
 #!/bin/sh
-# Installs the system programs msgbus runs against (redis-server) when they are missing. Idempotent.
+# Installs the system programs msgbus runs against (redis-server, and a Java runtime for the Spark job) when
+# they are missing. Idempotent.
 set -eu
 
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jre-headless"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" = 0 ]; then
@@ -19,5 +21,7 @@ if ! command -v apt-get >/dev/null 2>&1; then
     exit 1
 fi
 echo "installing:$missing"
+# Slim Debian images drop /usr/share/man, where the JRE's post-install step links java's man page.
+case "$missing" in *openjdk*) $run mkdir -p /usr/share/man/man1 ;; esac
 $run apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $run apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -254,6 +254,18 @@ def test_identity_errors_are_one_line() -> None:
     assert result.exit_code == 2
 
 
+def test_identity_twin_lookup_errors_name_the_source() -> None:
+    # The public chain cannot be reached from the tests: a port nothing listens on stands for it.
+    chain = f"ws://127.0.0.1:{free_port()}"
+    result = runner.invoke(app, ["identity", "--mnemonics", PHRASE, "--substrate", chain])
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith(f"error: no twin for this key at {chain}: ")
+    assert result.stderr.count("\n") == 1
+    assert "public key: 46ebddef" in result.stdout, "the key is printed before the look-up"
+    result = runner.invoke(app, ["identity", "--mnemonics", PHRASE, "--substrate", "ftp://chain"])
+    assert result.exit_code == 2 and "unsupported twin source URL 'ftp://chain'" in result.stderr
+
+
 # --- usage and connection errors -----------------------------------------------------------------------
 
 

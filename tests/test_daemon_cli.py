@@ -179,10 +179,19 @@ def test_key_without_a_twin_is_a_clear_error(tmp_path: Path, redis_url: str) -> 
     assert "no twin found for account" in result.stderr and "pass --twin N" in result.stderr
 
 
-def test_chain_resolver_not_available_yet_says_what_to_do(redis_url: str) -> None:
-    result = run_msgbusd("--twin", "1", "--redis", redis_url, env={"MSGBUS_MNEMONICS": SEED})
+def test_twin_source_problems_at_start_are_one_line(redis_url: str) -> None:
+    env = {"MSGBUS_MNEMONICS": SEED}
+    result = run_msgbusd("--twin", "1", "--redis", redis_url, "--substrate", "ftp://chain", env=env)
     assert result.returncode == 1
-    assert "give a twin map with --twins FILE" in result.stderr
+    assert result.stderr.startswith("msgbusd: error: unsupported twin source URL 'ftp://chain'")
+    assert result.stderr.count("\n") == 1
+    # The public chain cannot be reached from the tests: a port nothing listens on stands for it.
+    chain = f"ws://127.0.0.1:{free_port()}"
+    result = run_msgbusd("--redis", redis_url, "--substrate", chain, "--twin-lookup-timeout", "2", env=env)
+    assert result.returncode == 1
+    assert result.stderr.startswith("msgbusd: error: no twin found for this key (")
+    assert chain in result.stderr and "pass --twin N" in result.stderr
+    assert result.stderr.count("\n") == 1
 
 
 @pytest.fixture

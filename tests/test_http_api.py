@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,10 +13,12 @@ import redis.asyncio as aioredis
 
 from msgbusd import keys
 from msgbusd.envelope import Envelope
+from msgbusd.event_log import EventLog
 from msgbusd.http_api import Door, create_app
 from msgbusd.identity import load_signer
 from msgbusd.queues import Store
 from msgbusd.signing import Signer, verify
+from tests.support.events import read_events
 from twin_resolver.base import ResolverUnavailable, Twin
 from twin_resolver.static import StaticResolver
 
@@ -384,3 +387,33 @@ async def test_a_body_that_is_not_a_batch_is_refused(http: httpx.AsyncClient, bo
     response = await http.post("/zbus-batch", content=body)
     assert response.status_code == 400
     assert error_of(response) == "couldn't parse json"
+
+
+async def test_the_door_records_received_handed_over_duplicate_and_rejected_messages(
+    async_redis: aioredis.Redis,
+    resolver: StaticResolver,
+    site_signer: Signer,
+    ed_signer: Signer,
+    clock: FixedClock,
+    tmp_path: Path,
+) -> None:
+    events = EventLog(tmp_path, SITE_TWIN, clock=clock, host="h")
+    door = Door(Store(async_redis), resolver, site_signer, freshness_s=60, clock=clock, events=events)
+    env = request_from(ed_signer, ED_TWIN, uid=f"{SITE_TWIN}.9")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(door)), base_url="http://s"
+    ) as http:
+        for body in (env.encode(), env.encode(), b"{nope", request_from(ed_signer, 77).encode()):
+            await http.post("/zbus-remote", content=body)
+    events.close()
+    lines = read_events(tmp_path)
+    assert [(e["event"], e.get("uid"), e.get("src"), e.get("status")) for e in lines] == [
+        ("received", env.uid, ED_TWIN, None),
+        ("handed_to_service", env.uid, ED_TWIN, None),
+        ("received", env.uid, ED_TWIN, None),
+        ("duplicate", env.uid, ED_TWIN, None),
+        ("rejected", None, None, 400),
+        ("rejected", f"{SITE_TWIN}.1", 77, 400),
+    ]
+    assert lines[1]["queue"] == SERVICE_QUEUE
+    assert lines[5]["error"] == "source twin 77 not found"

@@ -87,7 +87,7 @@ async def test_only_the_first_outcome_of_a_request_reaches_its_caller(async_redi
     await async_redis.zadd(keys.DEADLINES, {"2.1": 1.0})
     first = Outcome("2.1", "caller-ret", b"reply")
     late = Outcome("2.1", "caller-ret", b"timeout")
-    assert await store.finish_many([first, late]) == [True, False]
+    assert await store.finish_many([first, late]) == [1.0, None], "the first gets the deadline back"
     assert await async_redis.lrange("caller-ret", 0, -1) == [b"reply"]
     assert 0 < await async_redis.ttl("caller-ret") <= keys.RETURN_QUEUE_TTL_S
     assert await async_redis.zcard(keys.DEADLINES) == 0

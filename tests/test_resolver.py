@@ -1,8 +1,7 @@
-"""Twin resolvers: the JSON twin file (checks, reload on change) and the caching front."""
+"""The JSON twin file: its checks, hex and SS58 accounts, and reload on change."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -14,10 +13,8 @@ import pytest
 from msgbusd.identity import ss58_encode
 from twin_resolver import (
     AccountNotFound,
-    CachedResolver,
     Resolver,
     ResolverError,
-    ResolverUnavailable,
     StaticResolver,
     Twin,
     TwinFileError,
@@ -236,176 +233,3 @@ async def test_failed_reload_keeps_previous_twins(tmp_path: Path, caplog: pytest
     _touch(path, 300)
     clock.now += 1.0
     assert await resolver.get_twin(3) == TWIN_3
-
-
-# --- the cache ---------------------------------------------------------------------------------------------
-
-
-class CountingResolver:
-    """A real resolver over a dict that counts calls, can fail on demand, and can hold answers back."""
-
-    def __init__(self, twins: list[Twin]) -> None:
-        self.twins = {twin.id: twin for twin in twins}
-        self.calls = 0
-        self.failures: list[ResolverError] = []
-        self.gate: asyncio.Event | None = None
-        self.entered = asyncio.Event()
-        self.closed = False
-
-    async def _enter(self) -> None:
-        self.calls += 1
-        self.entered.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.failures:
-            raise self.failures.pop(0)
-
-    async def get_twin(self, twin_id: int) -> Twin:
-        await self._enter()
-        if twin_id not in self.twins:
-            raise TwinNotFound(twin_id)
-        return self.twins[twin_id]
-
-    async def twin_id_by_public_key(self, public_key: bytes) -> int:
-        await self._enter()
-        for twin in self.twins.values():
-            if twin.public_key == public_key:
-                return twin.id
-        raise AccountNotFound(public_key)
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
-async def test_answers_are_cached_for_the_ttl() -> None:
-    inner, clock = CountingResolver([TWIN_1]), Clock()
-    cache = CachedResolver(inner, ttl_s=300.0, clock=clock)
-    assert await cache.get_twin(1) == TWIN_1
-    clock.now += 299.0
-    assert await cache.get_twin(1) == TWIN_1
-    assert inner.calls == 1
-    clock.now += 1.0
-    assert await cache.get_twin(1) == TWIN_1
-    assert inner.calls == 2
-
-
-async def test_account_lookups_are_cached_separately() -> None:
-    inner, clock = CountingResolver([TWIN_1]), Clock()
-    cache = CachedResolver(inner, ttl_s=10.0, clock=clock)
-    assert await cache.twin_id_by_public_key(KEY_1) == 1
-    assert await cache.twin_id_by_public_key(KEY_1) == 1
-    assert inner.calls == 1
-    await cache.get_twin(1)
-    assert inner.calls == 2
-    clock.now += 10.0
-    assert await cache.twin_id_by_public_key(KEY_1) == 1
-    assert inner.calls == 3
-
-
-async def test_a_changed_twin_is_seen_after_the_ttl() -> None:
-    inner, clock = CountingResolver([TWIN_1]), Clock()
-    cache = CachedResolver(inner, ttl_s=60.0, clock=clock)
-    await cache.get_twin(1)
-    moved = Twin(1, "300:1::9", KEY_1)
-    inner.twins[1] = moved
-    assert await cache.get_twin(1) == TWIN_1
-    clock.now += 60.0
-    assert await cache.get_twin(1) == moved
-
-
-@pytest.mark.parametrize("error", [ResolverUnavailable("chain unreachable"), TwinNotFound(1)])
-async def test_errors_are_not_cached(error: ResolverError) -> None:
-    inner = CountingResolver([TWIN_1])
-    inner.failures.append(error)
-    cache = CachedResolver(inner, clock=Clock())
-    with pytest.raises(type(error)):
-        await cache.get_twin(1)
-    assert await cache.get_twin(1) == TWIN_1
-    assert inner.calls == 2
-
-
-async def test_not_found_is_asked_again_every_time() -> None:
-    inner = CountingResolver([])
-    cache = CachedResolver(inner, clock=Clock())
-    for _ in range(3):
-        with pytest.raises(AccountNotFound):
-            await cache.twin_id_by_public_key(KEY_2)
-    assert inner.calls == 3
-
-
-async def _held(inner: CountingResolver, lookups: list[asyncio.Task[Any]]) -> None:
-    """Wait until the inner resolver is asked and every look-up is waiting, then let the answer through."""
-    await inner.entered.wait()
-    for _ in range(3):
-        await asyncio.sleep(0)  # let the remaining look-ups reach the shared call
-    assert not any(task.done() for task in lookups)
-    assert inner.gate is not None
-    inner.gate.set()
-
-
-async def test_concurrent_lookups_share_one_call() -> None:
-    inner = CountingResolver([TWIN_1])
-    inner.gate = asyncio.Event()
-    cache = CachedResolver(inner, clock=Clock())
-    lookups = [asyncio.create_task(cache.get_twin(1)) for _ in range(5)]
-    await _held(inner, lookups)
-    assert await asyncio.gather(*lookups) == [TWIN_1] * 5
-    assert inner.calls == 1
-    assert await cache.get_twin(1) == TWIN_1
-    assert inner.calls == 1
-
-
-async def test_concurrent_lookups_share_one_error() -> None:
-    inner = CountingResolver([TWIN_1])
-    inner.gate = asyncio.Event()
-    inner.failures.append(ResolverUnavailable("chain unreachable"))
-    cache = CachedResolver(inner, clock=Clock())
-    lookups = [asyncio.create_task(cache.twin_id_by_public_key(KEY_1)) for _ in range(4)]
-    await _held(inner, lookups)
-    results = await asyncio.gather(*lookups, return_exceptions=True)
-    assert [str(r) for r in results] == ["chain unreachable"] * 4
-    assert all(isinstance(r, ResolverUnavailable) for r in results)
-    assert inner.calls == 1
-    assert await cache.twin_id_by_public_key(KEY_1) == 1
-    assert inner.calls == 2
-
-
-async def test_different_keys_are_not_coalesced() -> None:
-    inner = CountingResolver([TWIN_1, TWIN_2])
-    inner.gate = asyncio.Event()
-    cache = CachedResolver(inner, clock=Clock())
-    lookups = [asyncio.create_task(cache.get_twin(i)) for i in (1, 2, 1)]
-    await _held(inner, lookups)
-    assert await asyncio.gather(*lookups) == [TWIN_1, TWIN_2, TWIN_1]
-    assert inner.calls == 2
-
-
-async def test_a_cancelled_waiter_does_not_cancel_the_others() -> None:
-    inner = CountingResolver([TWIN_1])
-    inner.gate = asyncio.Event()
-    cache = CachedResolver(inner, clock=Clock())
-    first = asyncio.create_task(cache.get_twin(1))
-    second = asyncio.create_task(cache.get_twin(1))
-    await inner.entered.wait()
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    inner.gate.set()
-    assert await second == TWIN_1
-    assert inner.calls == 1
-
-
-async def test_aclose_closes_the_inner_resolver() -> None:
-    inner = CountingResolver([TWIN_1])
-    cache = CachedResolver(inner)
-    await cache.aclose()
-    assert inner.closed
-
-
-async def test_cache_over_a_static_resolver(tmp_path: Path) -> None:
-    path = tmp_path / "twins.json"
-    write_twin_file(path, [TWIN_1, TWIN_2])
-    cache: Resolver = CachedResolver(StaticResolver(path))
-    assert await cache.get_twin(2) == TWIN_2
-    assert await cache.twin_id_by_public_key(KEY_1) == 1
-    await cache.aclose()

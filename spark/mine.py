@@ -1,0 +1,91 @@
+"""``python -m spark.mine`` / ``spark-submit spark/mine.py`` / ``msgbus-mine``: mine msgbus event logs and
+backlog snapshots into Parquet tables, summary.md and report.html.
+
+    python -m spark.mine --events 'logs/*.jsonl' --backlog 'backlog/*.jsonl' --out mined/
+    spark-submit --master yarn spark/mine.py --events hdfs:///msgbus/events --out hdfs:///msgbus/mined
+
+PySpark is imported only when the job runs, so the ``msgbus`` CLI can offer this command without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # spark-submit runs this file as a script: import the package from its parent directory, and keep the
+    # package's own directory off sys.path so its module names cannot shadow others.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def instant_us(text: str) -> int:
+    """An ISO 8601 date or datetime as microseconds since the epoch; without a zone it is UTC."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 datetime: {text!r}") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="msgbus-mine", description="Mine msgbus event logs and backlog snapshots with Spark."
+    )
+    p.add_argument(
+        "--events", nargs="+", required=True, metavar="PATH", help="event log files, globs or URIs"
+    )
+    p.add_argument(
+        "--backlog", nargs="+", default=[], metavar="PATH", help="backlog snapshot files (optional)"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory or URI (replaced tables)")
+    p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
+    p.add_argument(
+        "--since", type=instant_us, default=None, help="keep events at or after this ISO 8601 time"
+    )
+    p.add_argument("--until", type=instant_us, default=None, help="keep events before this ISO 8601 time")
+    p.add_argument("--driver-memory", default="8g", help="driver JVM heap when not under spark-submit")
+    p.add_argument(
+        "--shuffle-partitions", type=int, default=None, help="default: 4 per core for local masters"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the job; 0 when the tables and the report were written."""
+    args = parser().parse_args(argv)
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        print("msgbus-mine: --since must be before --until", file=sys.stderr)
+        return 2
+
+    from spark.job import MineOptions, run
+    from spark.progress import Progress
+    from spark.session import build_session
+
+    progress = Progress()
+    started = time.monotonic()
+    with progress.stage("start Spark") as stage:
+        spark = build_session(args.master, args.driver_memory, args.shuffle_partitions)
+        stage.detail = f"master {spark.sparkContext.master}, {spark.sparkContext.defaultParallelism} cores"
+    try:
+        options = MineOptions(
+            events=args.events, backlog=args.backlog, out=args.out, since_us=args.since, until_us=args.until
+        )
+        data = run(spark, options, progress)
+    finally:
+        spark.stop()
+    progress.note(
+        f"done in {time.monotonic() - started:.1f}s: {data.events.kept:,} events, "
+        f"{data.outcomes.get('requests', 0):,} requests; report in {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Event logs written by two real sites, and the backlog snapshot of a site, as the Spark job reads them."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from client.cli import app
+from msgbusd import event_schema as ev
+from msgbusd.local_sites import LocalCluster
+from tests.support.services import RawService, pop_replies, push_request
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def logged_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    args = ["--retry-delay", "0.05", "--retry-max-delay", "0.2", "--event-log", str(tmp_path / "events")]
+    cluster = LocalCluster(size=2, extra_args=args).start()
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+def events_by_request(directory: Path) -> dict[tuple[int, str], list[dict[str, object]]]:
+    by_request: dict[tuple[int, str], list[dict[str, object]]] = defaultdict(list)
+    for path in sorted(directory.glob("events-*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            assert set(event) <= set(ev.EVENT_FIELDS), event
+            assert event["event"] in ev.EVENTS
+            if event.get("uid"):
+                by_request[(int(event["src"]), str(event["uid"]))].append(event)
+    return by_request
+
+
+def test_both_sites_log_every_step_of_a_round_trip_and_of_a_failure(
+    logged_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    site1 = redis.Redis.from_url(logged_cluster.redis[0].url)
+    try:
+        with RawService(logged_cluster.redis[1].url, "echo.logged"):
+            ret = push_request(site1, [2], "echo.logged", b"hello")
+            (reply,) = pop_replies(site1, ret, 1)
+        failed_ret = push_request(site1, [97], "echo.nowhere", retries=1)
+        (failure,) = pop_replies(site1, failed_ret, 1)
+    finally:
+        site1.close()
+    for site in logged_cluster.sites:
+        assert site.stop() == 0
+    by_request = events_by_request(tmp_path / "events")
+
+    steps = sorted(by_request[(1, reply.uid)], key=lambda e: (int(str(e["ts"])), str(e["event"])))
+    assert [(e["site"], e["event"]) for e in steps] == [
+        (1, "accepted"),
+        (1, "sent"),
+        (2, "received"),
+        (2, "handed_to_service"),
+        (2, "reply_taken"),
+        (2, "reply_sent"),
+        (1, "reply_received"),
+        (1, "delivered"),
+    ]
+    assert all((e["src"], e["dst"]) == (1, 2) for e in steps), "src and dst name the request's direction"
+    first = steps[0]
+    assert (first["cmd"], first["ret"], first["bytes"]) == ("echo.logged", ret, 5)
+    sent = steps[1]
+    assert sent["attempt"] == 1 and sent["status"] == 200 and int(str(sent["duration_us"])) > 0
+    assert steps[3]["queue"] == "msgbus.echo.logged"
+
+    (failed_uid,) = [uid for src, uid in by_request if uid.startswith("97.")]
+    failed_steps = [e["event"] for e in by_request[(1, failed_uid)]]
+    assert failed_steps == ["accepted", "send_failed", "retry_scheduled", "send_failed", "failed"]
+    final = by_request[(1, failed_uid)][-1]
+    assert final["error"] == failure.err == "all retries done: twin 97 not found"
+
+
+def test_backlog_dump_lists_pending_requests_with_ages_and_deadlines(logged_cluster: LocalCluster) -> None:
+    site1 = redis.Redis.from_url(logged_cluster.redis[0].url)
+    try:
+        ret = push_request(site1, [2], "nobody.serves", exp=300)
+        deadline_wanted = time.time() + 300
+        for _ in range(200):
+            if site1.hlen("msgbus.system.backlog"):
+                break
+            time.sleep(0.05)
+        site1.lpush("msgbus.system.reply", b"not an envelope")
+        result = runner.invoke(app, ["backlog", "dump", "--redis", logged_cluster.redis[0].url])
+    finally:
+        site1.close()
+    assert result.exit_code == 0, result.output
+    entries = [json.loads(line) for line in result.stdout.splitlines()]
+    (request,) = [e for e in entries if e["kind"] == "request"]
+    assert set(request) <= set(ev.BACKLOG_FIELDS)
+    assert request["uid"].startswith("2.") and request["cmd"] == "nobody.serves"
+    assert (request["site"], request["src"], request["dst"], request["ret"]) == (1, 1, 2, ret)
+    assert 0 <= request["age_s"] < 60
+    assert abs(request["deadline"] / 1e6 - deadline_wanted) < 5
+    assert request["attempt"] == 0
+    assert any(e["kind"] in ("queued", "dead_letter") for e in entries), "the bad item is listed"
