@@ -223,6 +223,90 @@ def demo(
         raise typer.Exit(130) from None
 
 
+@app.command()
+def gateway(
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="Where HTTP clients reach the gateway; loopback only unless told otherwise "
+            "(e.g. [::]:8080 for every address).",
+        ),
+    ] = "127.0.0.1:8080",
+    twins: Annotated[
+        Path | None, typer.Option("--twins", metavar="FILE", help="Twin map (JSON) to find the twins in.")
+    ] = None,
+    substrate: Annotated[
+        str | None,
+        typer.Option(
+            "--substrate",
+            metavar="URL",
+            help="Or look twins up on TFChain (ws://, wss://) or an HTTP twin source (http(s)://); "
+            "not used with --twins.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, metavar="SECONDS", help="Time a node has to answer.")
+    ] = 10.0,
+    max_body_mib: Annotated[
+        float, typer.Option("--max-body-mib", min=0.001, metavar="MIB", help="Largest request body accepted.")
+    ] = 12.0,
+    cors_origins: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origin",
+            metavar="ORIGIN",
+            help="Browser origin allowed to call the gateway (repeatable) [default: * (any)].",
+        ),
+    ] = None,
+    drain_grace: Annotated[
+        float,
+        typer.Option("--drain-grace", min=0, metavar="SECONDS", help="On SIGTERM, time to finish requests."),
+    ] = 5.0,
+    log_level: Annotated[
+        str, typer.Option("--log-level", metavar="LEVEL", help="debug, info, warn, error, fatal or panic.")
+    ] = "info",
+) -> None:
+    """Serve RMB's HTTP proxy endpoints (POST /twin/{id}, POST /twin/{id}/{retqueue}) for HTTP clients
+    without a site of their own, such as the npm ts-rmb-http-client. Needs --twins or --substrate.
+
+    Start-up problems (no twin source, an unreadable twin map, a port in use) exit with status 2.
+    """
+    try:
+        from msgbusd.cli import LOG_LEVELS, parse_listen
+        from msgbusd.gateway import GatewaySettings, GatewayStartupError, run_gateway
+        from msgbusd.logs import configure_logging
+    except ImportError as exc:
+        _fail(f"the gateway needs the daemon extra: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
+    level = LOG_LEVELS.get(log_level.lower())
+    if level is None:
+        _fail(f"unknown log level {log_level!r}: use {', '.join(LOG_LEVELS)}", EXIT_USAGE)
+    if twins is None and not substrate:
+        _fail("no twin source: give a twin map (--twins FILE) or --substrate URL", EXIT_USAGE)
+    try:
+        host, port = parse_listen(listen)
+    except typer.BadParameter as exc:
+        _fail(f"--listen: {exc}", EXIT_USAGE)
+    settings = GatewaySettings(
+        twins_file=twins,
+        substrate_url=substrate,
+        listen_host=host,
+        listen_port=port,
+        node_timeout_s=timeout,
+        max_body_bytes=max(1, int(max_body_mib * 1024 * 1024)),
+        cors_origins=tuple(cors_origins or ["*"]),
+        drain_grace_s=drain_grace,
+    )
+    configure_logging(level)
+    try:
+        run_gateway(settings)
+    except GatewayStartupError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
 backlog_app = typer.Typer(
     help="Look at what is pending at this site.", no_args_is_help=True, rich_markup_mode=None
 )

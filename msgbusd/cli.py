@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -39,6 +40,22 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host or "::", int(port_text)
 
 
+def read_secret_file(path: Path) -> str:
+    """The secret in ``path``; refused when every user of the machine can read the file."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc.strerror or exc}") from None
+    if mode & stat.S_IROTH:
+        raise typer.BadParameter(
+            f"{path} is readable by every user; keep the secret private: chmod o-r {path}"
+        )
+    if not text:
+        raise typer.BadParameter(f"{path} is empty")
+    return text
+
+
 @app.command()
 def main_command(
     mnemonics: Annotated[
@@ -48,6 +65,10 @@ def main_command(
             show_envvar=True,
             help="The site's secret: BIP39 phrase, SURI with //hard junctions, or 0x seed.",
         ),
+    ] = None,
+    mnemonics_file: Annotated[
+        Path | None,
+        typer.Option(help="Read the secret from this file (not readable by other users) instead."),
     ] = None,
     key_type: Annotated[str, typer.Option(help="sr25519 or ed25519.")] = "sr25519",
     twin: Annotated[
@@ -97,6 +118,16 @@ def main_command(
     drain_grace: Annotated[
         float, typer.Option(min=0.0, help="Seconds in-flight work gets on SIGTERM.")
     ] = 10.0,
+    max_message_size: Annotated[
+        int, typer.Option(min=1024, help="Bytes: larger HTTP bodies are refused with 413.")
+    ] = 12 * 1024 * 1024,
+    rate_limit: Annotated[
+        float,
+        typer.Option(min=0.0, help="Messages per second accepted from one source twin (429 beyond); 0: off."),
+    ] = 0.0,
+    rate_burst: Annotated[
+        float, typer.Option(min=1.0, help="Messages a source twin may send at once above --rate-limit.")
+    ] = 100.0,
     event_log: Annotated[
         Path | None,
         typer.Option(help="Directory for the event log (JSON lines of every step of every message)."),
@@ -112,8 +143,14 @@ def main_command(
     level = LOG_LEVELS.get(log_level.lower())
     if level is None:
         raise typer.BadParameter(f"unknown log level {log_level!r}: use {', '.join(LOG_LEVELS)}")
+    if mnemonics_file is not None:
+        if mnemonics:
+            raise typer.BadParameter("give the secret once: --mnemonics-file or --mnemonics/MSGBUS_MNEMONICS")
+        mnemonics = read_secret_file(mnemonics_file)
     if not mnemonics:
-        raise typer.BadParameter("missing --mnemonics (or the MSGBUS_MNEMONICS environment variable)")
+        raise typer.BadParameter(
+            "missing --mnemonics (or the MSGBUS_MNEMONICS environment variable, or --mnemonics-file)"
+        )
     host, port = parse_listen(listen)
     settings = Settings(
         mnemonics=mnemonics,
@@ -134,6 +171,9 @@ def main_command(
         retry_max_delay_s=retry_max_delay,
         drain_grace_s=drain_grace,
         hold_offline=hold_offline,
+        max_message_bytes=max_message_size,
+        rate_limit=rate_limit,
+        rate_burst=rate_burst,
         event_log_dir=event_log,
         event_log_max_bytes=event_log_max_mb * 1024 * 1024,
         event_log_rotate_s=event_log_rotate_minutes * 60,

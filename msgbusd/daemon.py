@@ -35,6 +35,7 @@ from msgbusd.http_api import Door, create_app, loopback_only
 from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.outbox import CLAIM_BATCH, Outbox, SendItem
 from msgbusd.queues import Store
+from msgbusd.rate_limit import TokenBuckets
 from msgbusd.senders import Senders
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
@@ -382,7 +383,7 @@ async def open_site(
         rotate_s=settings.event_log_rotate_s,
         clock=clock,
     )
-    forwarder = Forwarder(http, resolver, signer, clock, metrics)
+    forwarder = Forwarder(http, resolver, signer, clock, metrics, max_batch_bytes=settings.max_message_bytes)
     # Probes of an absent peer are spaced like retries, but never closer than PROBE_FLOOR_S.
     probe_backoff = Backoff(
         max(settings.retry_delay_s, PROBE_FLOOR_S), max(settings.retry_max_delay_s, PROBE_FLOOR_S)
@@ -400,7 +401,18 @@ async def open_site(
         metrics=metrics,
         events=events,
     )
-    door = Door(store, resolver, signer, settings.freshness_s, clock, metrics, twin, events=events)
+    door = Door(
+        store,
+        resolver,
+        signer,
+        settings.freshness_s,
+        clock,
+        metrics,
+        twin,
+        events=events,
+        max_message_bytes=settings.max_message_bytes,
+        rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
+    )
     return Site(settings, twin, redis, http, store, outbox, door, clock, metrics, events)
 
 

@@ -43,8 +43,11 @@ class Forwarder:
         signer: Signer,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        *,
+        max_batch_bytes: int = 12 * 1024 * 1024,
     ) -> None:
         self._http = http
+        self._max_batch_bytes = max_batch_bytes
         self._resolver = resolver
         self._signer = signer
         self._clock = clock
@@ -97,8 +100,23 @@ class Forwarder:
         self, twin_id: int, items: Sequence[tuple[str, Envelope]]
     ) -> list[DeliveryError | None]:
         url = await self._url(twin_id, BATCH_PATH)
-        messages = [{"path": path, "envelope": self._sign(env).to_wire()} for path, env in items]
-        response = await self._post(twin_id, url, json.dumps({"messages": messages}).encode())
+        messages = [
+            json.dumps({"path": path, "envelope": self._sign(env).to_wire()}).encode() for path, env in items
+        ]
+        results: list[DeliveryError | None] = []
+        for chunk in _chunks(messages, self._max_batch_bytes):
+            try:
+                results += await self._post_batch(twin_id, url, chunk)
+            except DeliveryError as exc:
+                if exc.offline:
+                    # The twin stopped answering: what is left is not tried now.
+                    results += [exc] * (len(items) - len(results))
+                    break
+                results += [exc] * len(chunk)
+        return results
+
+    async def _post_batch(self, twin_id: int, url: str, messages: list[bytes]) -> list[DeliveryError | None]:
+        response = await self._post(twin_id, url, b'{"messages": [' + b", ".join(messages) + b"]}")
         if response.status_code in (404, 405):
             raise _NoBatchEndpoint
         if response.status_code != 200:
@@ -108,8 +126,10 @@ class Forwarder:
             statuses = [(int(a["status"]), str(a.get("message", ""))) for a in answers]
         except (ValueError, KeyError, TypeError) as exc:
             raise DeliveryError(f"twin {twin_id} answered a batch with something unreadable") from exc
-        if len(statuses) != len(items):
-            raise DeliveryError(f"twin {twin_id} answered {len(statuses)} results for {len(items)} messages")
+        if len(statuses) != len(messages):
+            raise DeliveryError(
+                f"twin {twin_id} answered {len(statuses)} results for {len(messages)} messages"
+            )
         return [None if status == 200 else _refused(twin_id, status, message) for status, message in statuses]
 
     def _sign(self, env: Envelope) -> Envelope:
@@ -141,6 +161,20 @@ class Forwarder:
             raise DeliveryError(
                 f"couldn't reach twin {twin_id} at {url}: {_describe(exc)}", offline=True
             ) from exc
+
+
+def _chunks(messages: list[bytes], max_bytes: int) -> list[list[bytes]]:
+    """``messages`` in order, cut so that each POST stays under the peer's size limit (taken to be ours);
+    a message larger than that alone goes alone, and the peer's 413 becomes its error."""
+    chunks: list[list[bytes]] = [[]]
+    size = 0
+    for message in messages:
+        if chunks[-1] and size + len(message) + 64 > max_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(message)
+        size += len(message) + 2
+    return chunks
 
 
 class _NoBatchEndpoint(Exception):

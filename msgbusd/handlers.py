@@ -250,6 +250,8 @@ class Handlers:
             expected = destination_of(env.uid)
             if expected != env.src:
                 reason = f"reply for uid {env.uid} came from twin {env.src}, not from twin {expected}"
+                self._metrics.error("forged_reply")
+                self._events.emit(ev.REJECTED, env, src=self._twin, dst=expected, error=reason)
                 await self._set_aside(queue, raw, env, reason)
                 log.error("dead-lettered reply: %s", reason, extra=about(uid=env.uid, src=env.src))
                 continue

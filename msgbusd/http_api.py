@@ -19,22 +19,27 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from msgbusd import event_schema as ev
-from msgbusd import keys
+from msgbusd import keys, openapi
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage, RejectedRequest, go_duration, http_error_body
 from msgbusd.event_log import EventLog
 from msgbusd.forwarder import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 from msgbusd.metrics import ErrorCause, Metrics
 from msgbusd.queues import Inbound, Store
+from msgbusd.rate_limit import TokenBuckets
 from msgbusd.signing import SignatureError, Signer, verify
 from msgbusd.validation import validate
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
+
+# Default limit on a message (go-rmb has none): large enough for any RMB payload in use.
+DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024
 
 log = logging.getLogger("msgbusd.http")
 
@@ -59,6 +64,10 @@ class Door:
     twin: int = 0
     deliver_replies: Callable[[list[Envelope]], Awaitable[None]] | None = None
     events: EventLog = field(default_factory=lambda: EventLog(None, 0))
+    # A body larger than this is refused (413) before it is read.
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # Per source twin, after its signature is checked; None: no limit.
+    rate_limit: TokenBuckets | None = None
 
     async def verified(self, request: Request) -> Envelope:
         """The request's envelope, if it passes every check; else :class:`RejectedRequest`."""
@@ -97,6 +106,16 @@ class Door:
             verify(env, twin.public_key)
         except SignatureError as exc:
             raise self._rejected("signature", 400, exc.message, env) from exc
+        if self.rate_limit is not None and not self.rate_limit.allow(env.src):
+            message = (
+                f"too many messages from twin {env.src}: the limit is {self.rate_limit.rate:g} per second"
+            )
+            raise self._rejected("rate_limited", 429, message, env)
+
+    def too_large(self) -> RejectedRequest:
+        """The error for a body over :attr:`max_message_bytes` (counted and recorded)."""
+        message = f"message too large: this site takes at most {self.max_message_bytes} bytes"
+        return self._rejected("too_large", 413, message)
 
     async def take(self, messages: list[tuple[str, Envelope]]) -> None:
         """Hand on checked envelopes that came in on ``/zbus-remote`` or ``/zbus-reply``: valid requests to
@@ -187,9 +206,48 @@ def create_app(door: Door, extra_routes: Sequence[Route] = ()) -> Starlette:
         Route("/zbus-cmd", _Endpoint(cmd)),
         Route("/zbus-result", _Endpoint(result)),
         Route(BATCH_PATH, _Endpoint(batch)),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         *extra_routes,
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=[Middleware(_BodyLimit, door=door)])
+
+
+class _BodyLimit:
+    """Refuses a body over the door's limit with 413: at once when its Content-Length says so, else as soon
+    as the bytes read pass the limit (the endpoint turns the error into the answer)."""
+
+    def __init__(self, app: ASGIApp, door: Door) -> None:
+        self._app = app
+        self._door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        limit = self._door.max_message_bytes
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            error = self._door.too_large()
+            log.info("refused %s %s: %s", scope["method"], scope["path"], error.message)
+            response = Response(http_error_body(error.message), error.status, media_type=JSON_TYPE)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise self._door.too_large()
+            return message
+
+        await self._app(scope, limited, send)
+
+
+async def openapi_endpoint(request: Request) -> Response:
+    return Response(json.dumps(openapi.document()), 200, media_type=JSON_TYPE)
 
 
 def loopback_only(app: ASGIApp) -> ASGIApp:

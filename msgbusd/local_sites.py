@@ -65,11 +65,19 @@ class RedisProcess:
     port: int = field(default_factory=free_port)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-redis-")))
     appendonly: bool = False
+    # Clients must AUTH with this password.
+    password: str | None = None
+    # Serve TLS only, with a certificate from a CA made for it (needs the openssl command).
+    tls: bool = False
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            ca = self.workdir / "ca.crt"
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={ca}"
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
         binary = shutil.which("redis-server")
@@ -90,9 +98,30 @@ class RedisProcess:
             "--dir",
             str(self.workdir),
         ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        if self.tls:
+            self._make_certificates()
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            for option, name in (("cert", "redis.crt"), ("key", "redis.key"), ("ca-cert", "ca.crt")):
+                args += [f"--tls-{option}-file", str(self.workdir / name)]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: port_open(self.port), what=f"redis-server on port {self.port}")
         return self
+
+    def _make_certificates(self) -> None:
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=self.workdir, check=True, capture_output=True)
+
+        (self.workdir / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+                "-days", "2", "-subj", "/CN=msgbus test CA")  # fmt: skip
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "redis.key", "-out", "redis.csr",
+                "-subj", "/CN=127.0.0.1")  # fmt: skip
+        openssl(
+            "x509", "-req", "-in", "redis.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "redis.crt", "-days", "2", "-extfile", "san.ext",
+        )  # fmt: skip
 
     def stop(self) -> None:
         _stop_process(self.process)
@@ -214,6 +243,9 @@ class LocalCluster:
     redis_appendonly: bool = False
     # Sites look twins up there instead of in the twin map (which is still written, for a source to serve).
     twin_source: str | None = None
+    # Redis servers that want a password, and speak TLS only (rediss:// URLs).
+    redis_password: str | None = None
+    redis_tls: bool = False
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-cluster-")))
     redis: list[RedisProcess] = field(default_factory=list)
     sites: list[SiteProcess] = field(default_factory=list)
@@ -230,7 +262,9 @@ class LocalCluster:
         """Start the Redis servers and choose each site's port, without starting the daemons yet."""
         try:
             for index in range(self.size):
-                redis = RedisProcess(appendonly=self.redis_appendonly).start()
+                redis = RedisProcess(
+                    appendonly=self.redis_appendonly, password=self.redis_password, tls=self.redis_tls
+                ).start()
                 self.redis.append(redis)
                 self.sites.append(
                     SiteProcess(

@@ -41,7 +41,17 @@ MessageEvent = Literal[
     "dead_lettered",  # an item set aside in msgbus.system.deadletter
 ]
 ErrorCause = Literal[
-    "unreachable", "refused", "not_found", "invalid", "signature", "too_old", "redis", "other"
+    "unreachable",
+    "refused",
+    "not_found",
+    "invalid",
+    "signature",
+    "too_old",
+    "too_large",
+    "rate_limited",
+    "forged_reply",
+    "redis",
+    "other",
 ]
 SendPath = Literal["remote", "reply"]
 

@@ -40,6 +40,11 @@ class Settings:
     retry_max_delay_s: float = 60.0
     # A request older than this (by its `now`) is refused at the HTTP door.
     freshness_s: float = 60.0
+    # Bodies over this are refused (413); batches to other sites are cut to stay under it.
+    max_message_bytes: int = 12 * 1024 * 1024
+    # Messages per second (and burst) accepted from one source twin; 0: no limit.
+    rate_limit: float = 0.0
+    rate_burst: float = 100.0
     # How often the retry and expiry timers look for due work.
     tick_s: float = 0.2
     # Longest blocking pop (it also bounds how long a stop waits for the consumers).

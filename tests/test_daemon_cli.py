@@ -66,8 +66,8 @@ def test_missing_mnemonics_is_a_clear_error() -> None:
     result = run_msgbusd("--twin", "5")
     assert result.returncode == 2
     assert (
-        "Error: Invalid value: missing --mnemonics (or the MSGBUS_MNEMONICS environment variable)"
-        in result.stderr
+        "Error: Invalid value: missing --mnemonics (or the MSGBUS_MNEMONICS environment variable, "
+        "or --mnemonics-file)" in result.stderr
     )
     assert "Traceback" not in result.stderr
 
@@ -86,6 +86,30 @@ def test_bad_phrase_is_one_line_and_does_not_echo_the_secret(twins_file: Path) -
     assert result.stderr.startswith("msgbusd: error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     assert secret not in result.stderr
+
+
+def test_secret_file_must_not_be_readable_by_every_user(twins_file: Path, tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SEED + "\n")
+    secret_file.chmod(0o644)
+    result = run_msgbusd("--twins", str(twins_file), "--mnemonics-file", str(secret_file))
+    assert result.returncode == 2
+    assert f"{secret_file} is readable by every user" in result.stderr
+    assert SEED not in result.stderr
+
+    secret_file.chmod(0o640)
+    port = free_port()
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    result = run_msgbusd(
+        "--twins", str(twins_file), "--mnemonics-file", str(secret_file), "--redis", redis_url
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("msgbusd: error: cannot connect to Redis"), "the secret was accepted"
+
+    result = run_msgbusd(
+        "--twins", str(twins_file), "--mnemonics-file", str(secret_file), env={"MSGBUS_MNEMONICS": SEED}
+    )
+    assert result.returncode == 2 and "give the secret once" in result.stderr
 
 
 def test_unknown_key_type(twins_file: Path) -> None:

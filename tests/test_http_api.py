@@ -16,7 +16,9 @@ from msgbusd.envelope import Envelope
 from msgbusd.event_log import EventLog
 from msgbusd.http_api import Door, create_app
 from msgbusd.identity import load_signer
+from msgbusd.metrics import Metrics
 from msgbusd.queues import Store
+from msgbusd.rate_limit import TokenBuckets
 from msgbusd.signing import Signer, verify
 from tests.support.events import read_events
 from twin_resolver.base import ResolverUnavailable, Twin
@@ -417,3 +419,80 @@ async def test_the_door_records_received_handed_over_duplicate_and_rejected_mess
     ]
     assert lines[1]["queue"] == SERVICE_QUEUE
     assert lines[5]["error"] == "source twin 77 not found"
+
+
+async def test_a_body_over_the_limit_is_refused_with_413_and_counted(
+    async_redis: aioredis.Redis,
+    resolver: StaticResolver,
+    site_signer: Signer,
+    ed_signer: Signer,
+    clock: FixedClock,
+) -> None:
+    metrics = Metrics()
+    door = Door(
+        Store(async_redis), resolver, site_signer, clock=clock, metrics=metrics, max_message_bytes=2000
+    )
+    transport = httpx.ASGITransport(app=create_app(door))
+    async with httpx.AsyncClient(transport=transport, base_url="http://s") as http:
+        declared = await http.post("/zbus-remote", content=b"x" * 2001)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(3):
+                yield b"y" * 1000
+
+        streamed = await http.post("/zbus-batch", content=chunks())
+        fits = await http.post("/zbus-remote", content=request_from(ed_signer, ED_TWIN).encode())
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        assert error_of(response) == "message too large: this site takes at most 2000 bytes"
+    assert fits.status_code == 200
+    assert await async_redis.llen(SERVICE_QUEUE) == 1
+    body, _ = metrics.render()
+    assert 'msgbus_errors_total{cause="too_large"} 2.0' in body.decode()
+
+
+async def test_a_twin_over_its_rate_limit_gets_429_and_others_are_not_held_back(
+    async_redis: aioredis.Redis,
+    resolver: StaticResolver,
+    site_signer: Signer,
+    ed_signer: Signer,
+    sr_signer: Signer,
+    clock: FixedClock,
+) -> None:
+    buckets = TokenBuckets(rate=1, burst=2, clock=lambda: clock.now)
+    door = Door(Store(async_redis), resolver, site_signer, clock=clock, rate_limit=buckets)
+    transport = httpx.ASGITransport(app=create_app(door))
+    async with httpx.AsyncClient(transport=transport, base_url="http://s") as http:
+
+        async def post(signer: Signer, twin: int, uid: str) -> httpx.Response:
+            return await http.post("/zbus-remote", content=request_from(signer, twin, uid=uid).encode())
+
+        statuses = [(await post(ed_signer, ED_TWIN, f"1.{n}")).status_code for n in range(3)]
+        limited = await post(ed_signer, ED_TWIN, "1.9")
+        other = await post(sr_signer, SR_TWIN, "1.10")
+        clock.now += 1
+        refilled = await post(ed_signer, ED_TWIN, "1.11")
+    assert statuses == [200, 200, 429]
+    assert limited.status_code == 429
+    assert error_of(limited) == f"too many messages from twin {ED_TWIN}: the limit is 1 per second"
+    assert other.status_code == 200, "another twin has its own bucket"
+    assert refilled.status_code == 200, "a token comes back after a second"
+
+
+async def test_the_openapi_document_describes_every_endpoint_of_a_site(
+    async_redis: aioredis.Redis, resolver: StaticResolver, site_signer: Signer
+) -> None:
+    app = create_app(Door(Store(async_redis), resolver, site_signer))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://s") as http:
+        response = await http.get("/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    assert document["openapi"].startswith("3.")
+    # The daemon adds /metrics and /healthz (for this machine only) to the routes of create_app.
+    served = {getattr(route, "path", "") for route in app.routes} | {"/metrics", "/healthz"}
+    assert served == set(document["paths"])
+    envelope = document["components"]["schemas"]["Envelope"]["properties"]
+    assert list(envelope) == list(Envelope().to_wire()), "every wire field, in wire order"
+    for path in ("/zbus-remote", "/zbus-reply", "/zbus-cmd"):
+        assert {"200", "400", "413", "429", "502", "503"} <= set(document["paths"][path]["post"]["responses"])

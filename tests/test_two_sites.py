@@ -481,3 +481,60 @@ def test_a_peer_without_the_batch_endpoint_gets_one_envelope_per_post_in_order(
     assert all(env.sig for env in legacy_peer.envelopes)
     for ret in rets:
         assert pop_replies(site1, ret, 1)[0].err == "request timeout (expiration reached, 1)"
+
+
+def test_a_body_over_12_mib_is_refused_before_it_is_read(cluster: LocalCluster) -> None:
+    with httpx.Client(base_url=cluster.sites[1].url, trust_env=False, timeout=30) as http:
+        response = http.post("/zbus-remote", content=b"x" * (12 * 1024 * 1024 + 1))
+        assert response.status_code == 413
+        assert response.json() == {
+            "Status": "error",
+            "Message": f"message too large: this site takes at most {12 * 1024 * 1024} bytes",
+        }
+        assert http.get("/healthz").status_code == 200, "the site goes on"
+
+
+@pytest.mark.slow
+def test_batches_are_cut_under_the_size_limit_and_an_oversized_message_gets_a_clear_error() -> None:
+    cluster = LocalCluster(size=2, extra_args=["--max-message-size", "200000"]).start()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        with RawService(cluster.redis[1].url, "echo.big"):
+            # Pushed at once: the sender takes them together, about 1 MB in all, in POSTs of at most 200 kB.
+            rets = [push_request(site1, [2], "echo.big", bytes([n]) * 50_000, rpush=True) for n in range(20)]
+            replies = [pop_replies(site1, ret, 1)[0] for ret in rets]
+            assert [(r.err, r.payload) for r in replies] == [("", bytes([n]) * 50_000) for n in range(20)]
+            (too_big,) = pop_replies(site1, push_request(site1, [2], "echo.big", b"z" * 300_000), 1)
+        assert too_big.err == (
+            "all retries done: twin 2 refused the message: 413 message too large: this site takes at most "
+            "200000 bytes"
+        )
+    finally:
+        site1.close()
+        cluster.cleanup()
+
+
+def test_a_reply_from_another_twin_than_the_one_asked_is_refused_and_the_real_one_delivered(
+    cluster: LocalCluster, site1: redis.Redis
+) -> None:
+    ret = push_request(site1, [2], "echo.forged", b"real", exp=60)
+    wait_until(lambda: any(site1.hscan_iter(keys.BACKLOG)), what="the request to be in the backlog")
+    (uid,) = [
+        field.decode() for field, entry in site1.hscan_iter(keys.BACKLOG) if Envelope.decode(entry).ret == ret
+    ]
+    # Twin 10 is a known twin with a valid key, but the request went to twin 2.
+    forged = Envelope(
+        uid=uid, cmd="echo.forged", dat="Zm9yZ2Vk", src=PROXY_TWIN, dst=(1,), now=int(time.time())
+    )
+    with httpx.Client(base_url=cluster.sites[0].url, trust_env=False) as http:
+        answer = http.post("/zbus-reply", content=PROXY_CLIENT.sign(forged).encode())
+        assert answer.status_code == 200, "the envelope itself is authentic"
+        wait_until(
+            lambda: any(b"not from twin 2" in letter for letter in site1.lrange(keys.DEAD_LETTER, 0, -1)),
+            what="the forged reply to be set aside",
+        )
+        assert site1.llen(ret) == 0, "never delivered"
+        assert 'msgbus_errors_total{cause="forged_reply"} 1.0' in http.get("/metrics").text
+    with RawService(cluster.redis[1].url, "echo.forged"):
+        (reply,) = pop_replies(site1, ret, 1)
+    assert (reply.src, reply.payload) == (2, b"real")
