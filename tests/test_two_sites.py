@@ -538,3 +538,23 @@ def test_a_reply_from_another_twin_than_the_one_asked_is_refused_and_the_real_on
     with RawService(cluster.redis[1].url, "echo.forged"):
         (reply,) = pop_replies(site1, ret, 1)
     assert (reply.src, reply.payload) == (2, b"real")
+
+
+def test_an_invalid_request_from_the_site_itself_is_answered_once_and_does_not_loop(
+    cluster: LocalCluster, site1: redis.Redis
+) -> None:
+    site = cluster.sites[0]
+    own_key = load_signer(site.mnemonic, site.key_type)
+    # Signed by site 1 itself, without a command: its error reply goes back to site 1, which has no such
+    # request open; nothing may answer that reply again.
+    invalid = Envelope(uid="1.424242", cmd="", src=1, dst=(1,), ret=keys.REPLY, now=int(time.time()))
+    with httpx.Client(base_url=site.url, trust_env=False) as http:
+        assert http.post("/zbus-remote", content=own_key.sign(invalid).encode()).status_code == 200
+    wait_until(
+        lambda: "dropped reply uid=1.424242: no open request" in site.log(),
+        what="the error reply to be dropped",
+    )
+    dead_letters = site1.llen(keys.DEAD_LETTER)
+    wait_until(lambda: all(site1.llen(queue) == 0 for queue in keys.SYSTEM_QUEUES), what="quiet queues")
+    assert site.log().count("uid=1.424242") == 2, "refused once, its answer dropped once"
+    assert site1.llen(keys.DEAD_LETTER) == dead_letters
