@@ -25,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from client.errors import CallTimeout, ProtocolError
 from client.protocol import DEFAULT_REDIS_URL, DEFAULT_RETRIES
 from client.replies import Reply
+from client.rules_cli import rules_app
 from client.serve_exec import exec_handler
 from client.service import Service
 from client.sync import Client
@@ -311,6 +312,7 @@ backlog_app = typer.Typer(
     help="Look at what is pending at this site.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(backlog_app, name="backlog")
+app.add_typer(rules_app, name="rules")
 
 
 @backlog_app.command("dump")

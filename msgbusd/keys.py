@@ -1,7 +1,8 @@
 """Every Redis key the bus uses, with its type, writer and reader, and every TTL.
 
 No other module spells a key literal. The first group is the RMB contract that outside programs see; the
-second is msgbusd's internal bookkeeping, which only the daemon touches.
+second is msgbusd's internal bookkeeping, which only the daemon touches. The rules router's keys
+(``msgbus.router.*``) are in :mod:`msgbusd.router.keys`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,29 @@
+"""The rules router: KubeEdge Rules and RuleEndpoints carried onto the bus.
+
+``rules`` (the model, one document at a time), ``loading`` (YAML files), ``validation`` (checks across
+objects), ``matching`` (REST paths and MQTT topics to rules, pure), ``keys`` and ``store`` (the catalog and
+the counters in the cloud site's Redis). The routing itself comes later, on top of these.
+"""
+
+from msgbusd.router.loading import load_files, load_text
+from msgbusd.router.matching import PathMatch, match_path, match_topic, topic_matches
+from msgbusd.router.rules import DocumentError, EndpointType, RouterObject, Rule, RuleEndpoint, parse_document
+from msgbusd.router.validation import Catalog, ValidationError, validate
+
+__all__ = [
+    "Catalog",
+    "DocumentError",
+    "EndpointType",
+    "PathMatch",
+    "RouterObject",
+    "Rule",
+    "RuleEndpoint",
+    "ValidationError",
+    "load_files",
+    "load_text",
+    "match_path",
+    "match_topic",
+    "parse_document",
+    "topic_matches",
+    "validate",
+]
