@@ -139,6 +139,7 @@ class Handlers:
     async def remote(self, raws: list[bytes]) -> None:
         """Hand a batch of requests from other sites to their services, in order, in one round trip."""
         hand_overs = []
+        handed_envelopes = []
         for raw in raws:
             env = await self._decode(keys.REMOTE, raw)
             if env is None:
@@ -160,6 +161,7 @@ class Handlers:
                 await self._route_reply(keys.REMOTE, raw, error)
                 continue
             hand_overs.append((raw, keys.command_queue(env.cmd), raw))
+            handed_envelopes.append(env)
             log.debug(
                 "queueing request uid=%s from twin %s for %s",
                 env.uid,
@@ -170,9 +172,9 @@ class Handlers:
         if hand_overs:
             handed = await self._store.hand_over_many(keys.REMOTE, hand_overs)
             self._metrics.message("delivered_to_service", len(hand_overs))
-            for (raw, queue, _payload), done in zip(hand_overs, handed, strict=True):
-                if done and self._events.enabled:
-                    self._events.emit(ev.HANDED_TO_SERVICE, Envelope.decode(raw), queue=queue)
+            for env, (_raw, queue, _payload), done in zip(handed_envelopes, hand_overs, handed, strict=True):
+                if done:
+                    self._events.emit(ev.HANDED_TO_SERVICE, env, queue=queue)
 
     # --- msgbus.system.reply: replies from local services and from other sites ----------------------------
 
