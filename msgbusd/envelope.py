@@ -12,12 +12,16 @@ import base64
 import binascii
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 PROTOCOL_VERSION = 1
 # The lifetime of a request whose ``exp`` is 0.
 DEFAULT_EXP_S = 3600
+# Integer fields are Go int64s on the wire.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Wire key -> (attribute, expected kind). Order is the wire order.
 _FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -119,7 +123,7 @@ class Envelope:
         data = raw.encode() if isinstance(raw, str) else raw
         try:
             obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise EnvelopeDecodeError(f"invalid JSON: {exc}", data) from exc
         return cls.from_wire(obj, data)
 
@@ -146,10 +150,12 @@ def payload_size(dat: str) -> int:
 def _check(key: str, kind: str, value: Any, raw: bytes) -> Any:
     if kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
+            if not INT64_MIN <= value <= INT64_MAX:
+                raise EnvelopeDecodeError(f"field {key!r}: {value} is out of the 64-bit integer range", raw)
             return value
     elif kind == "str":
         if isinstance(value, str):
-            return value
+            return value if value.isascii() else _without_lone_surrogates(value)
     elif kind == "bool":
         if isinstance(value, bool):
             return value
@@ -159,6 +165,16 @@ def _check(key: str, kind: str, value: Any, raw: bytes) -> Any:
         raise EnvelopeDecodeError(f"field {key!r}: expected a list of integers", raw)
     expected = {"int": "an integer", "str": "a string", "bool": "a boolean", "ints": "a list of integers"}
     raise EnvelopeDecodeError(f"field {key!r}: expected {expected[kind]}, got {_json_kind(value)}", raw)
+
+
+def _without_lone_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (a ``\\ud800`` escape without its pair) replaced by U+FFFD, as Go's
+    JSON decoder does: such text could not be written back as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def _json_kind(value: Any) -> str:

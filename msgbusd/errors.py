@@ -19,6 +19,7 @@ VERSION_MISMATCH = "protocol version mismatch"
 MISSING_COMMAND = "missing command request"
 MISSING_DESTINATION = "missing twin destination"
 MISSING_RETURN_QUEUE = "return queue not defined"
+RESERVED_COMMAND = "invalid command: msgbus.system.* lists belong to the daemon"
 
 
 # What kind of failure a delivery was, for metrics.

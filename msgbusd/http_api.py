@@ -38,6 +38,8 @@ from msgbusd.signing import SignatureError, Signer, verify
 from msgbusd.validation import validate
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
 
+# A request is remembered as seen for at most this long (its lifetime plus the freshness window otherwise).
+MAX_DEDUP_TTL_S = 366 * 24 * 3600
 # Default limit on a message (go-rmb has none): large enough for any RMB payload in use.
 DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024
 
@@ -77,7 +79,15 @@ class Door:
         except EnvelopeDecodeError as exc:
             raise self._rejected("invalid", 400, "couldn't parse json") from exc
         await self.check(env)
+        if request.url.path != "/zbus-cmd":
+            self.refuse_proxied(env)
         return env
+
+    def refuse_proxied(self, env: Envelope) -> None:
+        """Site to site, nothing is ``pxy``: the proxy flow starts at ``/zbus-cmd`` and its replies stay on
+        the site that ran the request. A ``pxy`` reply from a peer would go to whatever list it names."""
+        if env.pxy:
+            raise self._rejected("invalid", 400, "pxy messages are only taken on /zbus-cmd", env)
 
     def _rejected(
         self, cause: ErrorCause, status: int, message: str, env: Envelope | None = None
@@ -289,7 +299,7 @@ async def take_batch(door: Door, body: bytes) -> bytes:
         messages = json.loads(body)["messages"]
         if not isinstance(messages, list):
             raise TypeError("messages is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise RejectedRequest(400, "couldn't parse json") from exc
     results: list[dict[str, object]] = [{"status": 200} for _ in messages]
     accepted: list[tuple[str, Envelope]] = []
@@ -297,6 +307,7 @@ async def take_batch(door: Door, body: bytes) -> bytes:
         try:
             path, env = _batch_item(message)
             await door.check(env)
+            door.refuse_proxied(env)
         except RejectedRequest as exc:
             results[index] = {"status": exc.status, "message": exc.message}
             continue
@@ -321,8 +332,9 @@ def seen_id(env: Envelope) -> str:
 
 
 def dedup_ttl_s(env: Envelope, freshness_s: float) -> int:
-    """How long a re-send of ``env`` may still arrive: the sender re-sends it until its lifetime ends."""
-    return env.lifetime_s + int(freshness_s)
+    """How long a re-send of ``env`` may still arrive: the sender re-sends it until its lifetime ends (capped,
+    so that an absurd ``exp`` cannot put the key's expiry out of Redis's range)."""
+    return min(env.lifetime_s + int(freshness_s), MAX_DEDUP_TTL_S)
 
 
 def _accepted() -> Response:
@@ -355,7 +367,7 @@ class _Endpoint:
 def _retqueue(body: bytes) -> str:
     try:
         value = json.loads(body)["retqueue"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise RejectedRequest(400, "couldn't parse json") from exc
     if not isinstance(value, str):
         raise RejectedRequest(400, "couldn't parse json")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from msgbusd import keys
 from msgbusd.envelope import PROTOCOL_VERSION, Envelope
 from msgbusd.errors import (
     MISSING_COMMAND,
     MISSING_DESTINATION,
     MISSING_RETURN_QUEUE,
+    RESERVED_COMMAND,
     VERSION_MISMATCH,
     InvalidMessage,
 )
@@ -18,6 +20,8 @@ def validate(env: Envelope, *, need_destination: bool = True) -> None:
         raise InvalidMessage(VERSION_MISMATCH)
     if not env.cmd:
         raise InvalidMessage(MISSING_COMMAND)
+    if keys.is_system_queue(keys.command_queue(env.cmd)):
+        raise InvalidMessage(RESERVED_COMMAND)
     if need_destination and not env.dst:
         raise InvalidMessage(MISSING_DESTINATION)
     if not env.ret:
