@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msgbusd.local_sites import free_port, port_open, wait_until
+from msgbusd.local_sites import free_port, port_open, stop_process, wait_until
 
 # Debian installs the broker in /usr/sbin, which is not on the PATH of most users.
 FALLBACK_BINARY = Path("/usr/sbin/mosquitto")
@@ -97,14 +97,7 @@ class MosquittoProcess:
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (mosquitto saves its sessions), wait; SIGKILL if it does not exit in time."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout_s)
 
     def kill(self) -> None:
         """SIGKILL: the crash case."""

@@ -47,7 +47,8 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def _stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
+def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float = 10.0) -> None:
+    """SIGTERM, wait; SIGKILL if it does not exit in time."""
     if process is None or process.poll() is not None:
         return
     process.terminate()
@@ -124,7 +125,7 @@ class RedisProcess:
         )  # fmt: skip
 
     def stop(self) -> None:
-        _stop_process(self.process)
+        stop_process(self.process)
         self.process = None
 
     def kill(self) -> None:
@@ -218,7 +219,7 @@ class SiteProcess:
     def stop(self, timeout_s: float = 15.0) -> int | None:
         """SIGTERM, wait; returns the exit status."""
         process = self.process
-        _stop_process(process, timeout_s)
+        stop_process(process, timeout_s)
         self.process = None
         return process.returncode if process else None
 
