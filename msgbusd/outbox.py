@@ -117,21 +117,8 @@ class Outbox:
                 return None
             return self.reply_item(key, env, json.loads(second) if second else {})
         uid = entry.removeprefix(keys.REQUEST_PREFIX)
-        if first is None:
-            await self._store.forget_request(uid)
-            return None
-        try:
-            original = Envelope.decode(first)
-        except EnvelopeDecodeError as exc:
-            log.error(
-                "backlog entry of uid=%s is unreadable (%s); dropping it",
-                uid,
-                exc.reason,
-                extra=about(uid=uid),
-            )
-            await self._store.forget_request(uid)
-            return None
-        return self.request_item(uid, original)
+        original = await self._original_from(uid, first)
+        return None if original is None else self.request_item(uid, original)
 
     def request_item(self, uid: str, original: Envelope) -> SendItem:
         return SendItem(
@@ -467,7 +454,11 @@ class Outbox:
 
     async def load_original(self, uid: str) -> Envelope | None:
         """The backlog entry of ``uid``, or None (bookkeeping cleaned) if it already has an outcome."""
-        entry = await self._store.backlog_entry(uid)
+        return await self._original_from(uid, await self._store.backlog_entry(uid))
+
+    async def _original_from(self, uid: str, entry: bytes | None) -> Envelope | None:
+        """The decoded backlog ``entry`` of ``uid``; None, with the request's bookkeeping cleaned, when it
+        is gone (the request has its outcome) or unreadable."""
         if entry is None:
             await self._store.forget_request(uid)
             return None

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from client.cli import app
 from msgbusd import event_schema as ev
-from msgbusd.local_sites import LocalCluster
+from msgbusd import keys
+from msgbusd.local_sites import LocalCluster, wait_until
 from tests.support.services import RawService, pop_replies, push_request
 
 runner = CliRunner()
@@ -88,11 +89,8 @@ def test_backlog_dump_lists_pending_requests_with_ages_and_deadlines(logged_clus
     try:
         ret = push_request(site1, [2], "nobody.serves", exp=300)
         deadline_wanted = time.time() + 300
-        for _ in range(200):
-            if site1.hlen("msgbus.system.backlog"):
-                break
-            time.sleep(0.05)
-        site1.lpush("msgbus.system.reply", b"not an envelope")
+        wait_until(lambda: site1.hlen(keys.BACKLOG) == 1, what="the request to be accepted")
+        site1.lpush(keys.REPLY, b"not an envelope")
         result = runner.invoke(app, ["backlog", "dump", "--redis", logged_cluster.redis[0].url])
     finally:
         site1.close()
