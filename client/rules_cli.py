@@ -131,12 +131,16 @@ def status(
     name: Annotated[str | None, typer.Argument(metavar="[NAME]", help="One rule [default: all].")] = None,
     redis_url: RedisOption = DEFAULT_REDIS_URL,
 ) -> None:
-    """Print the rules' counters (messages delivered and failed) and, for one rule, its latest errors."""
+    """Print the rules' counters (messages delivered, failed, dropped for a newer one with the same key, and
+    attempts tried again) and, for one rule, its latest errors."""
     with _store(redis_url) as redis:
         if name is not None:
             _found(lambda: store.get(redis, name, RULE))
             one = store.rule_status(redis, name)
-            typer.echo(f"rule:    {one.name}\nsuccess: {one.success}\nfail:    {one.fail}")
+            typer.echo(
+                f"rule:       {one.name}\nsuccess:    {one.success}\nfail:       {one.fail}\n"
+                f"superseded: {one.superseded}\nretries:    {one.retries}"
+            )
             typer.echo("last errors:" if one.last_errors else "last errors: none")
             for error in one.last_errors:
                 typer.echo(f"  {_time(error.at_s)}  {error.error}")
@@ -144,10 +148,17 @@ def status(
         names = sorted(store.read_catalog(redis).rules)
         statuses = [store.rule_status(redis, rule) for rule in names]
     rows = [
-        [s.name, str(s.success), str(s.fail), s.last_errors[0].error if s.last_errors else "-"]
+        [
+            s.name,
+            str(s.success),
+            str(s.fail),
+            str(s.superseded),
+            str(s.retries),
+            s.last_errors[0].error if s.last_errors else "-",
+        ]
         for s in statuses
     ]
-    typer.echo(_table(["RULE", "SUCCESS", "FAIL", "LAST ERROR"], rows))
+    typer.echo(_table(["RULE", "SUCCESS", "FAIL", "SUPERSEDED", "RETRIES", "LAST ERROR"], rows))
 
 
 def _load(path: Path) -> list[RouterObject]:

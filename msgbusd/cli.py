@@ -9,10 +9,12 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
 from msgbusd.logs import configure_logging
+from msgbusd.router.config import RouterSettings
 from msgbusd.settings import DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
 
 LOG_LEVELS = {
@@ -38,6 +40,18 @@ def parse_listen(value: str) -> tuple[str, int]:
     elif ":" in host:
         raise typer.BadParameter(f"{value!r}: write an IPv6 address in brackets, e.g. [::]:8051")
     return host or "::", int(port_text)
+
+
+def parse_mqtt_url(value: str) -> tuple[str, int]:
+    """``mqtt://HOST[:PORT]`` (port 1883 by default) as (host, port)."""
+    parts = urlsplit(value)
+    try:
+        port = parts.port or 1883
+    except ValueError:
+        port = 0
+    if parts.scheme != "mqtt" or not parts.hostname or not port or parts.path not in ("", "/"):
+        raise typer.BadParameter(f"{value!r} is not mqtt://HOST:PORT")
+    return parts.hostname, port
 
 
 def read_secret_file(path: Path) -> str:
@@ -138,6 +152,34 @@ def main_command(
     event_log_rotate_minutes: Annotated[
         float, typer.Option(min=0.1, help="Start a new event log file after this long.")
     ] = 60.0,
+    router_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Cloud site: serve the rules router's REST paths /{node}/[{namespace}/]{path} here "
+            "(HOST:PORT; 127.0.0.1:9443 is KubeEdge's port).",
+        ),
+    ] = None,
+    router_cloud: Annotated[
+        str | None,
+        typer.Option(help="Edge site: the cloud site (twin id or name) whose rules this site follows."),
+    ] = None,
+    mqtt: Annotated[
+        str | None,
+        typer.Option(help="Edge site: the local MQTT broker for eventbus rules (mqtt://HOST:PORT)."),
+    ] = None,
+    servicebus_listen: Annotated[
+        str, typer.Option(help="Edge site: where edge apps call servicebus->rest rules (HOST:PORT).")
+    ] = "127.0.0.1:9060",
+    router_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds a rest<->servicebus caller waits for the answer.")
+    ] = 60.0,
+    router_message_ttl: Annotated[
+        float,
+        typer.Option(min=1.0, help="Seconds rest->eventbus and eventbus->rest messages are kept trying."),
+    ] = 3600.0,
+    router_refresh: Annotated[
+        float, typer.Option(min=0.1, help="Edge site: seconds between asking the cloud for its rules.")
+    ] = 30.0,
 ) -> None:
     """Run a msgbus site: relay RMB messages between this site's Redis and other sites over HTTP."""
     level = LOG_LEVELS.get(log_level.lower())
@@ -152,6 +194,18 @@ def main_command(
             "missing --mnemonics (or the MSGBUS_MNEMONICS environment variable, or --mnemonics-file)"
         )
     host, port = parse_listen(listen)
+    if mqtt is not None and router_cloud is None:
+        raise typer.BadParameter("--mqtt is for edge sites: give --router-cloud too")
+    router = RouterSettings(
+        listen=parse_listen(router_listen) if router_listen is not None else None,
+        cloud=router_cloud,
+        mqtt=parse_mqtt_url(mqtt) if mqtt is not None else None,
+        servicebus_listen=parse_listen(servicebus_listen),
+        call_timeout_s=router_timeout,
+        message_ttl_s=router_message_ttl,
+        refresh_s=router_refresh,
+        max_body_bytes=max_message_size,
+    )
     settings = Settings(
         mnemonics=mnemonics,
         key_type=key_type,
@@ -177,6 +231,7 @@ def main_command(
         event_log_dir=event_log,
         event_log_max_bytes=event_log_max_mb * 1024 * 1024,
         event_log_rotate_s=event_log_rotate_minutes * 60,
+        router=router,
     )
     configure_logging(level)
     from msgbusd.runner import run

@@ -36,6 +36,8 @@ from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.outbox import CLAIM_BATCH, Outbox, SendItem
 from msgbusd.queues import Store
 from msgbusd.rate_limit import TokenBuckets
+from msgbusd.router.config import RouterSettings
+from msgbusd.router.runtime import RouterRuntime
 from msgbusd.senders import Senders
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
@@ -75,12 +77,14 @@ class Site:
 REDIS_KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
 
 
-def open_redis(settings: Settings) -> aioredis.Redis:
+def open_redis(settings: Settings, max_connections: int | None = None) -> aioredis.Redis:
     """The daemon's Redis client. No socket timeout: redis-py would wrap every command in a timer (a third
     of its cost per command), and blocking pops would need their own; TCP keepalive finds a dead host, and
     /healthz (its ping has a deadline) reports a Redis that stopped answering."""
     options: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": 5}
     options["health_check_interval"] = 30
+    if max_connections is not None:
+        options["max_connections"] = max_connections
     if not settings.redis_url.startswith("unix:"):
         options |= {"socket_keepalive": True, "socket_keepalive_options": REDIS_KEEPALIVE}
     return aioredis.Redis.from_url(settings.redis_url, **options)
@@ -143,6 +147,8 @@ class Daemon:
         site.door.deliver_replies = self.handlers.deliver_from_peers
         # When each loop last went round; /healthz reports a loop that stopped turning.
         self._heartbeats: dict[str, float] = {}
+        # More work of this site (the rules router), run until the daemon stops.
+        self.companions: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
 
     async def _refresh_metrics(self) -> None:
         metrics = self.site.metrics
@@ -215,6 +221,10 @@ class Daemon:
             group.create_task(self.site.events.run(self._stopping), name="event log")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             group.create_task(self._announce_ready(), name="ready")
+            for companion in self.companions:
+                group.create_task(
+                    companion(self._stopping), name=getattr(companion, "__qualname__", "companion")
+                )
             await self._stopping.wait()
         await self._drain()
 
@@ -425,12 +435,28 @@ async def close_site(site: Site) -> None:
 async def serve(settings: Settings, signer: Signer, resolver: Resolver) -> None:
     """Run a site until stopped by a signal. Raises :class:`StartupError` for operator mistakes."""
     sock = bind_socket(settings.listen_host, settings.listen_port)
+    router: RouterRuntime | None = None
     try:
+        router = _bind_router(settings.router)
         site = await open_site(settings, signer, resolver)
     except BaseException:
         sock.close()
+        if router is not None:
+            router.close()
         raise
     daemon = Daemon(site, sock)
+    router_redis: aioredis.Redis | None = None
+    if router is not None:
+        # Every router command has workers blocked on a pop, each holding a connection.
+        router_redis = open_redis(settings, max_connections=8 * settings.router.workers + 100)
+        router.attach(
+            redis=router_redis,
+            submit=daemon.handlers.submit,
+            withdraw=site.store.withdraw,
+            resolver=resolver,
+            twin=site.twin,
+        )
+        daemon.companions.append(router.run)
     loop = asyncio.get_running_loop()
     if settings.handle_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -442,5 +468,23 @@ async def serve(settings: Settings, signer: Signer, resolver: Resolver) -> None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
         sock.close()
+        if router is not None:
+            router.close()
+        if router_redis is not None:
+            await router_redis.aclose()
         await close_site(site)
         log.info("msgbusd stopped")
+
+
+def _bind_router(settings: RouterSettings) -> RouterRuntime | None:
+    """The router roles asked for, with their sockets bound; None when this site routes nothing."""
+    if settings.listen is None and settings.cloud is None:
+        return None
+    cloud_socket = bind_socket(*settings.listen) if settings.listen is not None else None
+    try:
+        servicebus_socket = bind_socket(*settings.servicebus_listen) if settings.cloud is not None else None
+    except BaseException:
+        if cloud_socket is not None:
+            cloud_socket.close()
+        raise
+    return RouterRuntime(settings, cloud_socket=cloud_socket, servicebus_socket=servicebus_socket)

@@ -70,8 +70,20 @@ class Handlers:
 
     async def local(self, raws: list[bytes]) -> None:
         """Accept a batch of local requests, in order, in one round trip for the valid ones."""
+        await self._accept_local(raws)
+
+    async def submit(self, requests: list[Envelope]) -> list[list[str] | None]:
+        """Accept requests made inside the daemon (the rules router) as if a local client had pushed
+        them; returns each one's uids (one per destination), or None for one refused as invalid."""
+        raws = [request.encode() for request in requests]
+        await self._store.stage_local(raws)
+        accepted = await self._accept_local(raws)
+        return [accepted.get(index) for index in range(len(raws))]
+
+    async def _accept_local(self, raws: list[bytes]) -> dict[int, list[str]]:
         valid: list[tuple[bytes, Envelope]] = []
-        for raw in raws:
+        positions: list[int] = []
+        for position, raw in enumerate(raws):
             env = await self._decode(keys.LOCAL, raw)
             if env is None:
                 continue
@@ -81,8 +93,9 @@ class Handlers:
                 await self._refuse_local(raw, env, exc)
                 continue
             valid.append((raw, env))
+            positions.append(position)
         if not valid:
-            return
+            return {}
         now = self._clock()
         requests = []
         originals = []
@@ -93,7 +106,8 @@ class Handlers:
             originals.append(original)
         accepted = await self._store.accept_requests(requests)
         ready: dict[int, list[SendItem] | None] = {}
-        for original, uids in zip(originals, accepted, strict=True):
+        uids_at: dict[int, list[str]] = {}
+        for position, original, uids in zip(positions, originals, accepted, strict=True):
             if uids is None:
                 # Accepted by an earlier try whose answer was lost: queued, but not by us just now.
                 ready.update(dict.fromkeys(original.dst))
@@ -105,6 +119,7 @@ class Handlers:
                 ",".join(uids),
                 extra=about(uid=",".join(uids), cmd=original.cmd, queue=original.ret),
             )
+            uids_at[position] = uids
             self._metrics.message("accepted", len(uids))
             for uid, dst in zip(uids, original.dst, strict=True):
                 self._events.emit(ev.ACCEPTED, original, uid=uid, dst=dst, ret=original.ret)
@@ -112,6 +127,7 @@ class Handlers:
                 if items is not None:
                     items.append(self._outbox.request_item(uid, original))
         self._on_accepted(ready)
+        return uids_at
 
     async def _refuse_local(self, raw: bytes, env: Envelope, exc: InvalidMessage) -> None:
         self._metrics.error("invalid")

@@ -76,6 +76,18 @@ end
 return uids
 """
 
+# Drops a request that has already failed at least once (its peer did not take it) and is not finished:
+# its send-queue entry, if any, is skipped by the sender once the backlog entry is gone.
+# KEYS: backlog, deadlines, outbox, attempts. ARGV: uid, outbox member.
+_WITHDRAW = """
+if tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0') < 1 then return 0 end
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('HDEL', KEYS[4], ARGV[1])
+return 1
+"""
+
 # KEYS: processing, replies, reply state, send queue, destinations set.
 # ARGV: raw item, key, payload, state, destination.
 _ACCEPT_REPLY = """
@@ -236,6 +248,7 @@ class Store:
         self._hand_over = redis.register_script(_HAND_OVER)
         self._dead_letter = redis.register_script(_DEAD_LETTER)
         self._accept_request = redis.register_script(_ACCEPT_REQUEST)
+        self._withdraw = redis.register_script(_WITHDRAW)
         self._accept_reply = redis.register_script(_ACCEPT_REPLY)
         self._accept_remote = redis.register_script(_ACCEPT_REMOTE)
         self._finish = redis.register_script(_FINISH)
@@ -438,6 +451,21 @@ class Store:
                 [outcome.uid, outcome.payload, ttl, request_member(outcome.uid), outcome.raw],
             )
         return [None if answer == 0 else float(answer) for answer in await batch.run()]
+
+    async def stage_local(self, raws: Sequence[bytes]) -> None:
+        """Put requests made inside the daemon where taken local requests wait for acceptance, so that
+        they are accepted by the same script (and recovered like them after a crash)."""
+        await self.redis.rpush(keys.processing(keys.LOCAL), *raws)
+
+    async def withdraw(self, uid: str) -> bool:
+        """Drop request ``uid`` if its destination has failed to take it at least once and it has no
+        outcome yet; True if it was dropped (no reply or error will come for it)."""
+        return bool(
+            await self._withdraw(
+                keys=[keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS],
+                args=[uid, request_member(uid)],
+            )
+        )
 
     async def forget_request(self, uid: str) -> None:
         """Drop a request and all its bookkeeping (used when its backlog entry is gone or unreadable)."""

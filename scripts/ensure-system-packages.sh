@@ -1,5 +1,5 @@
 #!/bin/sh
-# Installs the system programs msgbus runs against (redis-server, mosquitto for the router's MQTT side, and a Java
+# Installs the system programs msgbus runs against (redis-server, mosquitto and its clients for the router's MQTT side, and a Java
 # runtime for the Spark job) when they are missing. Idempotent. The tests start their own mosquitto processes on
 # free ports: the distribution's mosquitto service is not needed (on a machine with systemd it listens on 1883).
 set -eu
@@ -9,6 +9,8 @@ command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jre-headless"
 # Debian puts mosquitto in /usr/sbin, which is not on the PATH of most users.
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$missing mosquitto"
+# mosquitto_pub and mosquitto_sub, for trying the router by hand (docs/router.md).
+command -v mosquitto_pub >/dev/null 2>&1 || missing="$missing mosquitto-clients"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" = 0 ]; then

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from client.cli import app
-from msgbusd.router import store
+from msgbusd.router import keys, store
 from tests.support.servers import free_port
 
 EXAMPLES = Path(__file__).parent / "router_examples"
@@ -106,18 +106,22 @@ def test_status_shows_counters_and_latest_errors(redis_url: str, sync_redis: red
         store.record_success(sync_redis, "my-rule")
     store.record_failure(sync_redis, "my-rule", "edge node offline", clock=lambda: 1_700_000_000.0)
     store.record_failure(sync_redis, "my-rule", "504 from the edge service", clock=lambda: 1_700_000_060.0)
+    sync_redis.hincrby(keys.counters("my-rule"), "superseded", 4)
+    sync_redis.hincrby(keys.counters("my-rule"), "retries", 5)
     code, out, _ = rules(redis_url, "status")
     assert code == 0
     assert out.splitlines() == [
-        "RULE                   SUCCESS  FAIL  LAST ERROR",
-        "my-rule                3        2     504 from the edge service",
-        "my-rule-eventbus-rest  0        0     -",
+        "RULE                   SUCCESS  FAIL  SUPERSEDED  RETRIES  LAST ERROR",
+        "my-rule                3        2     4           5        504 from the edge service",
+        "my-rule-eventbus-rest  0        0     0           0        -",
     ]
     code, out, _ = rules(redis_url, "status", "my-rule")
     assert out.splitlines() == [
-        "rule:    my-rule",
-        "success: 3",
-        "fail:    2",
+        "rule:       my-rule",
+        "success:    3",
+        "fail:       2",
+        "superseded: 4",
+        "retries:    5",
         "last errors:",
         "  2023-11-14T22:14:20+00:00  504 from the edge service",
         "  2023-11-14T22:13:20+00:00  edge node offline",

@@ -68,12 +68,18 @@ class StaticResolver:
             raise AccountNotFound(public_key)
         return twin_id
 
+    async def twin_id_by_name(self, name: str) -> int | None:
+        """The id of the twin the file calls ``name``, or None (names are a convenience of twin files)."""
+        self._maybe_reload()
+        return self._names.get(name)
+
     async def aclose(self) -> None:
         """Nothing to release."""
 
     def _set(self, twins: Mapping[int, Twin]) -> None:
         self._twins = dict(twins)
         self._ids = {twin.public_key: twin.id for twin in twins.values()}
+        self._names = {twin.name: twin.id for twin in twins.values() if twin.name is not None}
 
     def _maybe_reload(self) -> None:
         if self._path is None:
@@ -152,14 +158,19 @@ def _parse_entry(entry: Any, where: str) -> Twin:
 def _index(twins: list[Twin], source: StrPath) -> dict[int, Twin]:
     by_id: dict[int, int] = {}
     by_account: dict[bytes, int] = {}
+    by_name: dict[str, int] = {}
     for i, twin in enumerate(twins):
         where = f"{source}: twins[{i}]"
         if twin.id in by_id:
             raise TwinFileError(f"{where}: duplicate twin id {twin.id} (also twins[{by_id[twin.id]}])")
         if twin.public_key in by_account:
             raise TwinFileError(f"{where}: account already used by twins[{by_account[twin.public_key]}]")
+        if twin.name is not None and twin.name in by_name:
+            raise TwinFileError(f"{where}: name {twin.name!r} already used by twins[{by_name[twin.name]}]")
         by_id[twin.id] = i
         by_account[twin.public_key] = i
+        if twin.name is not None:
+            by_name[twin.name] = i
     return {twin.id: twin for twin in twins}
 
 

@@ -85,6 +85,8 @@ class RuleStatus:
     success: int
     fail: int
     last_errors: list[RecordedError]
+    superseded: int = 0  # keyed messages dropped for a newer one
+    retries: int = 0  # failed attempts that were tried again
 
 
 def plan_apply(stored: Catalog, objects: Iterable[RouterObject]) -> list[Change]:
@@ -214,7 +216,14 @@ def rule_status(redis: Redis, name: str) -> RuleStatus:
     for raw in raw_errors:
         entry = json.loads(raw)
         errors.append(RecordedError(float(entry["at"]), str(entry["error"])))
-    return RuleStatus(name, int(counts.get(b"success", 0)), int(counts.get(b"fail", 0)), errors)
+    return RuleStatus(
+        name,
+        int(counts.get(b"success", 0)),
+        int(counts.get(b"fail", 0)),
+        errors,
+        superseded=int(counts.get(b"superseded", 0)),
+        retries=int(counts.get(b"retries", 0)),
+    )
 
 
 def _find(catalog: Catalog, name: str, kind: str | None) -> RouterObject:

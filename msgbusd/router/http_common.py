@@ -1,0 +1,60 @@
+"""What the router's two HTTP doors (the cloud REST ingress, the edge servicebus port) share."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from msgbusd.router.protocol import HttpAnswer
+
+JSON_TYPE = "application/json"
+# Answer headers not passed back: httpx already undid the content encoding, and lengths are recomputed.
+ANSWER_DROPPED = frozenset(
+    {"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"}
+)
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(f"request body too large: the limit is {limit_bytes} bytes")
+
+
+def json_error(status: int, message: str, **extra: object) -> Response:
+    """An error the caller can read: ``{"error": message, ...}``."""
+    return Response(json.dumps({"error": message, **extra}), status, media_type=JSON_TYPE)
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    """The request body, refused (:class:`BodyTooLarge`) from its Content-Length or as soon as more than
+    ``limit_bytes`` arrived."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes:
+        raise BodyTooLarge(limit_bytes)
+    chunks = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit_bytes:
+            raise BodyTooLarge(limit_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def answer_response(answer: HttpAnswer) -> Response:
+    """An HTTP answer carried over the bus, as the response to give (every header kept, repeated ones too,
+    except those describing the other hop's encoding: the body is already decoded)."""
+    response = Response(answer.body, answer.status)
+    for name, value in answer.headers:
+        if name.lower() not in ANSWER_DROPPED:
+            response.headers.append(name, value)
+    return response
+
+
+def join_url(base: str, suffix: str, query: str) -> str:
+    """``base`` with the path ``suffix`` appended and ``query`` added to its query string."""
+    url = base.rstrip("/") + suffix if suffix else base
+    if query:
+        url += ("&" if "?" in url else "?") + query
+    return url

@@ -1,0 +1,95 @@
+"""Starting the rules router inside msgbusd: the cloud role, the edge role, or both, with their HTTP doors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis.asyncio as aioredis
+import uvicorn
+from starlette.applications import Starlette
+
+from msgbusd.router.bus import Submit
+from msgbusd.router.cloud import CloudRouter, Withdraw
+from msgbusd.router.config import RouterSettings
+from msgbusd.router.edge import EdgeRouter
+from twin_resolver.base import Resolver
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:  # msgbusd handles the signals
+        yield
+
+
+class RouterRuntime:
+    """The router roles this site plays, bound to their sockets (bound before the site starts, so that a
+    busy port is a start-up error)."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        *,
+        cloud_socket: socket.socket | None,
+        servicebus_socket: socket.socket | None,
+    ) -> None:
+        self.settings = settings
+        self._cloud_socket = cloud_socket
+        self._servicebus_socket = servicebus_socket
+        self.cloud: CloudRouter | None = None
+        self.edge: EdgeRouter | None = None
+
+    def attach(
+        self, *, redis: aioredis.Redis, submit: Submit, withdraw: Withdraw, resolver: Resolver, twin: int
+    ) -> None:
+        if self._cloud_socket is not None:
+            self.cloud = CloudRouter(
+                redis=redis,
+                submit=submit,
+                withdraw=withdraw,
+                resolver=resolver,
+                settings=self.settings,
+                twin=twin,
+            )
+        if self._servicebus_socket is not None:
+            self.edge = EdgeRouter(
+                redis=redis, submit=submit, resolver=resolver, settings=self.settings, twin=twin
+            )
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as group:
+            if self.cloud is not None and self._cloud_socket is not None:
+                group.create_task(self.cloud.run(stopping), name="cloud router")
+                group.create_task(_serve(self.cloud.app(), self._cloud_socket, stopping), name="router REST")
+                log.info("rules router (cloud): REST paths on %s:%s", *self.settings.listen or ("", ""))
+            if self.edge is not None and self._servicebus_socket is not None:
+                group.create_task(self.edge.run(stopping), name="edge router")
+                group.create_task(
+                    _serve(self.edge.app(), self._servicebus_socket, stopping), name="servicebus"
+                )
+                log.info(
+                    "rules router (edge of %s): servicebus on %s:%s, MQTT %s",
+                    self.settings.cloud,
+                    *self.settings.servicebus_listen,
+                    "{}:{}".format(*self.settings.mqtt) if self.settings.mqtt else "none",
+                )
+
+    def close(self) -> None:
+        for sock in (self._cloud_socket, self._servicebus_socket):
+            if sock is not None:
+                sock.close()
+
+
+async def _serve(app: Starlette, sock: socket.socket, stopping: asyncio.Event) -> None:
+    server = _Server(
+        uvicorn.Config(app, log_level="warning", log_config=None, access_log=False, lifespan="off")
+    )
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    await stopping.wait()
+    server.should_exit = True
+    await serving
