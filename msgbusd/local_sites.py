@@ -247,6 +247,8 @@ class LocalCluster:
     # Redis servers that want a password, and speak TLS only (rediss:// URLs).
     redis_password: str | None = None
     redis_tls: bool = False
+    # Names of the sites in the twin map, in order (default: site-1, site-2, ...).
+    names: Sequence[str] = ()
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-cluster-")))
     redis: list[RedisProcess] = field(default_factory=list)
     sites: list[SiteProcess] = field(default_factory=list)
@@ -296,10 +298,14 @@ class LocalCluster:
 
     def write_twins(self) -> None:
         twins = [
-            Twin(id=s.twin, address=s.address, public_key=s.public_key, name=f"site-{s.twin}")
+            Twin(id=s.twin, address=s.address, public_key=s.public_key, name=self.name_of(s.twin))
             for s in self.sites
         ]
         write_twin_file(self.twins_file, [*twins, *self.extra_twins])
+
+    def name_of(self, twin: int) -> str:
+        """The twin map's name of the site of ``twin``."""
+        return self.names[twin - 1] if twin <= len(self.names) else f"site-{twin}"
 
     def cleanup(self) -> None:
         for site in self.sites:

@@ -2,8 +2,9 @@
 
 ``RouterSites`` starts one cloud msgbusd (``--router-listen``) and edge msgbusds (``--router-cloud``, each
 with its own mosquitto and servicebus port), every site with its own redis-server. Node names are the twin
-map's names: ``site-1`` is the cloud, ``site-2`` ... the edges. ``HttpRecorder`` is a real HTTP server
-that records what it is sent and answers as told; it can be stopped and started again on the same port.
+map's names: ``site-1`` is the cloud, ``site-2`` ... the edges, unless ``names`` says otherwise.
+``HttpRecorder`` is a real HTTP server that records what it is sent and answers as told; it can be stopped
+and started again on the same port.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class RouterSites:
     cloud_args: Sequence[str] = ()
     edge_args: Sequence[str] = ("--router-refresh", "1")
     redis_appendonly: bool = False
+    # Node names in the twin map: the cloud first, then the edges (default: site-1, site-2, ...).
+    names: Sequence[str] = ()
     cluster: LocalCluster = field(init=False)
     brokers: list[MosquittoProcess] = field(default_factory=list)
     router_port: int = field(default_factory=free_port)
@@ -150,7 +153,7 @@ class RouterSites:
 
     def node(self, index: int = 0) -> str:
         """The node name of edge ``index`` (its name in the twin map)."""
-        return f"site-{self.edge(index).twin}"
+        return self.cluster.name_of(self.edge(index).twin)
 
     def rest_url(self, node: str, path: str) -> str:
         return f"http://127.0.0.1:{self.router_port}/{node}{path}"
@@ -159,7 +162,9 @@ class RouterSites:
         return f"http://127.0.0.1:{self.servicebus_ports[index]}{path}"
 
     def prepare(self) -> RouterSites:
-        self.cluster = LocalCluster(size=1 + self.edges, redis_appendonly=self.redis_appendonly).prepare()
+        self.cluster = LocalCluster(
+            size=1 + self.edges, redis_appendonly=self.redis_appendonly, names=self.names
+        ).prepare()
         try:
             self.cloud.extra_args = [
                 *self.extra_args,
@@ -175,7 +180,7 @@ class RouterSites:
                     *self.extra_args,
                     *self.edge_args,
                     "--router-cloud",
-                    "site-1",
+                    self.cluster.name_of(self.cloud.twin),
                     "--mqtt",
                     f"mqtt://127.0.0.1:{broker.port}",
                     "--servicebus-listen",
