@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar, cast
 
 from redis.exceptions import RedisError
 
@@ -24,7 +26,9 @@ from msgbusd.router.protocol import UNLIMITED_TRIES
 log = logging.getLogger(__name__)
 
 Submit = Callable[[list[Envelope]], Awaitable[list[list[str] | None]]]
-ReplyHandler = Callable[[bytes, Envelope], Awaitable[None]]
+ReplyHandler = Callable[[list[tuple[bytes, Envelope]]], Awaitable[None]]
+T = TypeVar("T")
+R = TypeVar("R")
 
 TAKE_BATCH = 256
 REDIS_RETRY = Backoff(base_s=0.1, max_s=5.0)
@@ -45,9 +49,44 @@ def request(dst: int, cmd: str, payload: bytes, *, message_id: str, lifetime_s: 
     )
 
 
+class Coalescer(Generic[T, R]):
+    """Calls ``fn`` (which takes a list and answers one result per item) for many concurrent callers at
+    once: while a call is running, new items wait and go together in the next one."""
+
+    def __init__(self, fn: Callable[[list[T]], Awaitable[list[R]]]) -> None:
+        self._fn = fn
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._running = False
+
+    async def one(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
+        if not self._running:
+            self._running = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    results = await self._fn([item for item, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._running = False
+
+
 class ReplyList:
-    """Takes the replies that arrive on ``queue`` and hands each to ``handle``, which must call
-    :meth:`ack` (or let the item be taken again after a restart)."""
+    """Takes the replies that arrive on ``queue``, in batches, and hands each batch to ``handle``, which must
+    acknowledge them (:meth:`ack`, or in its own scripts) or let them be taken again after a restart."""
 
     def __init__(self, store: Store, queue: str, handle: ReplyHandler, block_s: float = 1.0) -> None:
         self._store = store
@@ -59,59 +98,82 @@ class ReplyList:
     def processing(self) -> str:
         return keys.processing(self.queue)
 
-    async def ack(self, raw: bytes) -> None:
-        await self._store.redis.lrem(self.processing, 1, raw)  # type: ignore[arg-type]  # bytes are fine
+    async def ack(self, raws: list[bytes]) -> None:
+        if not raws:
+            return
+        async with self._store.redis.pipeline(transaction=False) as pipe:
+            for raw in raws:
+                pipe.lrem(self.processing, 1, cast(Any, raw))
+            await pipe.execute()
 
     async def run(self, stopping: asyncio.Event) -> None:
         failures = 0
+        recover = True
         while not stopping.is_set():
             try:
-                if failures == 0:
+                if recover:
                     await self._store.recover(self.queue)
+                    recover = False
                 raws = await self._store.take(self.queue, TAKE_BATCH, self._block_s)
+                await self._one_batch(raws)
                 failures = 0
-            except (RedisError, OSError) as exc:
+            except Exception as exc:
+                # What was taken stays in the processing list and is taken again.
                 failures += 1
-                log.warning("router: taking replies from %s failed (%s); trying again", self.queue, exc)
+                recover = True
+                if isinstance(exc, RedisError | OSError):
+                    log.warning("router: replies on %s: redis failed (%s); trying again", self.queue, exc)
+                else:
+                    log.exception("router: handling replies on %s failed; trying again", self.queue)
                 await _sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
-                continue
-            for raw in raws:
-                await self._one(raw)
 
-    async def _one(self, raw: bytes) -> None:
-        try:
-            env = Envelope.decode(raw)
-        except EnvelopeDecodeError as exc:
-            log.error("router: dropped an undecodable reply on %s: %s", self.queue, exc.reason)
-            await self.ack(raw)
-            return
-        try:
-            await self._handle(raw, env)
-        except Exception:
-            # The item stays in the processing list: it is handled again at the next start.
-            log.exception("router: handling a reply on %s failed (uid %s)", self.queue, env.uid)
+    async def _one_batch(self, raws: list[bytes]) -> None:
+        replies = []
+        undecodable = []
+        for raw in raws:
+            try:
+                replies.append((raw, Envelope.decode(raw)))
+            except EnvelopeDecodeError as exc:
+                log.error("router: dropped an undecodable reply on %s: %s", self.queue, exc.reason)
+                undecodable.append(raw)
+        await self.ack(undecodable)
+        if replies:
+            await self._handle(replies)
 
 
 class Waiters:
-    """Callers waiting for the reply to one of their messages, by message id (in this process only)."""
+    """Callers waiting for the reply to one of their messages, by bus uid (in this process only).
 
-    def __init__(self) -> None:
+    A reply may be taken before its caller started waiting (the caller is told its uid a moment after the
+    message left): such replies are kept, the latest ``keep_early`` of them, for the caller to find.
+    """
+
+    def __init__(self, keep_early: int = 10_000) -> None:
         self._waiting: dict[str, asyncio.Future[Envelope]] = {}
+        self._early: OrderedDict[str, Envelope] = OrderedDict()
+        self._keep_early = keep_early
 
-    def expect(self, message_id: str) -> asyncio.Future[Envelope]:
+    def expect(self, uid: str) -> asyncio.Future[Envelope]:
         future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
-        self._waiting[message_id] = future
+        early = self._early.pop(uid, None)
+        if early is not None:
+            future.set_result(early)
+        else:
+            self._waiting[uid] = future
         return future
 
-    def forget(self, message_id: str) -> None:
-        self._waiting.pop(message_id, None)
+    def forget(self, uid: str) -> None:
+        self._waiting.pop(uid, None)
 
-    def resolve(self, message_id: str, reply: Envelope) -> bool:
-        future = self._waiting.pop(message_id, None)
-        if future is None or future.done():
-            return False
-        future.set_result(reply)
-        return True
+    def resolve(self, uid: str, reply: Envelope, *, keep_if_early: bool = False) -> None:
+        future = self._waiting.pop(uid, None)
+        if future is not None:
+            if not future.done():
+                future.set_result(reply)
+        elif keep_if_early:
+            self._early[uid] = reply
+            while len(self._early) > self._keep_early:
+                self._early.popitem(last=False)
 
 
 async def _sleep_unless(stopping: asyncio.Event, delay_s: float) -> None:

@@ -29,15 +29,16 @@ from starlette.routing import Route as HttpRoute
 
 from client.errors import HandlerError
 from client.request import Request as BusRequest
-from client.service import Service
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope
 from msgbusd.queues import Store
 from msgbusd.router import bus, keys
+from msgbusd.router.commands import CommandServer
 from msgbusd.router.config import RouterSettings
 from msgbusd.router.http_common import (
     JSON_TYPE,
     BodyTooLarge,
+    HttpClients,
     answer_response,
     join_url,
     json_error,
@@ -130,24 +131,28 @@ class CloudRouter:
         twin: int,
     ) -> None:
         self._redis = redis
-        self._submit = submit
+        self._submit = bus.Coalescer(submit)
         self._withdraw = withdraw
         self._resolver = resolver
         self._settings = settings
         self._twin = twin
         self._catalog = CatalogCache(redis, settings.catalog_check_s)
         self._outcomes = Outcomes(redis)
+        self._expect = bus.Coalescer(self._outcomes.expect_many)
+        self._count = bus.Coalescer(self._outcomes.count_many)
         self._waiters = bus.Waiters()
-        self._replies = bus.ReplyList(Store(redis), CLOUD_REPLIES, self._on_reply)
-        self._http = httpx.AsyncClient(timeout=settings.http_timeout_s, follow_redirects=False)
+        self._replies = bus.ReplyList(Store(redis), CLOUD_REPLIES, self._on_replies)
+        self._http = HttpClients(settings.http_timeout_s)
         self._backoff = Backoff(settings.retry_delay_s, settings.retry_max_delay_s)
         self._claim = redis.register_script(_CLAIM)
         self._attempts = asyncio.Semaphore(settings.workers)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.service = Service(redis, workers=settings.workers, name="cloud-router")
-        self.service.register(DELIVER, self._deliver)
-        self.service.register(FORWARD, self._forward)
-        self.service.register(RULES, self._rules)
+        self.commands = CommandServer(
+            redis,
+            {DELIVER: self._deliver, FORWARD: self._forward, RULES: self._rules},
+            name="cloud-router",
+            concurrency=settings.workers,
+        )
 
     # --- running -----------------------------------------------------------------------------------------
 
@@ -162,10 +167,9 @@ class CloudRouter:
     async def run(self, stopping: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._replies.run(stopping), name="router replies")
-            group.create_task(self.service.serve(), name="router commands")
+            group.create_task(self.commands.run(stopping), name="router commands")
             group.create_task(self._retry_deliveries(stopping), name="router deliveries")
             await stopping.wait()
-            self.service.stop()
         if self._tasks:
             await asyncio.wait(self._tasks)
         await self._http.aclose()
@@ -215,7 +219,7 @@ class CloudRouter:
         uid = await self._send(env, rule)
         if uid is None:
             return json_error(500, REFUSED, rule=rule)
-        await self._outcomes.expect(uid, Pending(rule, twin, key), ttl)
+        await self._expect.one((uid, Pending(rule, twin, key), ttl))
         if key:
             await self._supersede(twin, key, uid)
         topic = route.rule.target_resource["topic"] + suffix
@@ -224,9 +228,9 @@ class CloudRouter:
 
     async def _send(self, env: Envelope, rule: str) -> str | None:
         """Hand a message to the bus: its bus uid, or None when the bus refused it (counted as failed)."""
-        (uids,) = await self._submit([env])
+        uids = await self._submit.one(env)
         if uids is None:
-            await self._outcomes.count(rule, Outcome.FAIL, REFUSED)
+            await self._count.one((rule, Outcome.FAIL, REFUSED))
             return None
         return uids[0]
 
@@ -269,7 +273,7 @@ class CloudRouter:
         # Registered before anything else runs: the reply cannot have been taken yet.
         waiting = self._waiters.expect(uid)
         try:
-            await self._outcomes.expect(uid, Pending(rule, twin), timeout)
+            await self._expect.one((uid, Pending(rule, twin), timeout))
             reply = await asyncio.wait_for(waiting, timeout)
         except TimeoutError:
             error = f"no answer from node {node!r} (twin {twin}) within {timeout:g}s"
@@ -287,12 +291,11 @@ class CloudRouter:
             return json_error(502, f"node {node!r} (twin {twin}) sent an unreadable answer: {exc}", rule=rule)
         return answer_response(answer)
 
-    async def _on_reply(self, raw: bytes, reply: Envelope) -> None:
-        outcome, error = _outcome_of(reply)
-        await self._outcomes.settle(
-            reply.uid, outcome, error, ack=(self._replies.processing, raw), from_reply=True
-        )
-        self._waiters.resolve(reply.uid, reply)
+    async def _on_replies(self, replies: list[tuple[bytes, Envelope]]) -> None:
+        settles = [(raw, reply.uid, *_outcome_of(reply)) for raw, reply in replies]
+        await self._outcomes.settle_replies(self._replies.processing, settles)
+        for _, reply in replies:
+            self._waiters.resolve(reply.uid, reply, keep_if_early=reply.cmd == CALL)
 
     # --- commands from edges -----------------------------------------------------------------------------
 
@@ -337,14 +340,14 @@ class CloudRouter:
         """One POST of a delivery; None when it succeeded (counted), else why it failed."""
         url = str(header["url"])
         try:
-            response = await self._http.post(
-                url, content=body, headers={NODE_NAME_HEADER: str(header["node"])}
+            response = await self._http.request(
+                "POST", url, content=body, headers={NODE_NAME_HEADER: str(header["node"])}
             )
         except httpx.HTTPError as exc:
             return f"POST {url} failed: {_describe(exc)}"
         if not 200 <= response.status_code < 300:
             return f"POST {url} answered {response.status_code}"
-        await self._outcomes.count(str(header["rule"]), Outcome.SUCCESS)
+        await self._count.one((str(header["rule"]), Outcome.SUCCESS, ""))
         return None
 
     async def _schedule(self, header: dict[str, object], body: bytes, error: str) -> None:
@@ -354,7 +357,7 @@ class CloudRouter:
         message_id = str(header["id"])
         if time.time() >= float(str(header["deadline"])):
             await self._forget_delivery(message_id)
-            await self._outcomes.count(rule, Outcome.FAIL, f"gave up after {attempts} attempt(s): {error}")
+            await self._count.one((rule, Outcome.FAIL, f"gave up after {attempts} attempt(s): {error}"))
             log.warning("router: gave up on message %s of rule %s: %s", message_id, rule, error)
             return
         due = time.time() + self._backoff.delay_s(attempts)
@@ -426,22 +429,22 @@ class CloudRouter:
             )
         except httpx.TimeoutException as exc:
             error = f"{call.method} {url} timed out: {_describe(exc)}"
-            await self._outcomes.count(rule, Outcome.FAIL, error)
+            await self._count.one((rule, Outcome.FAIL, error))
             return HttpAnswer(
                 504, [("content-type", JSON_TYPE)], json.dumps({"error": error}).encode()
             ).encode()
         except httpx.HTTPError as exc:
             error = f"{call.method} {url} failed: {_describe(exc)}"
-            await self._outcomes.count(rule, Outcome.FAIL, error)
+            await self._count.one((rule, Outcome.FAIL, error))
             return HttpAnswer(
                 502, [("content-type", JSON_TYPE)], json.dumps({"error": error}).encode()
             ).encode()
         if response.status_code >= 400:
-            await self._outcomes.count(
-                rule, Outcome.FAIL, f"{call.method} {url} answered {response.status_code}"
+            await self._count.one(
+                (rule, Outcome.FAIL, f"{call.method} {url} answered {response.status_code}")
             )
         else:
-            await self._outcomes.count(rule, Outcome.SUCCESS)
+            await self._count.one((rule, Outcome.SUCCESS, ""))
         return HttpAnswer(
             response.status_code, list(response.headers.multi_items()), response.content
         ).encode()

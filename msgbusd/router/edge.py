@@ -33,14 +33,15 @@ from starlette.routing import Route as HttpRoute
 
 from client.errors import HandlerError
 from client.request import Request as BusRequest
-from client.service import Service
 from msgbusd.envelope import Envelope
 from msgbusd.queues import Store
 from msgbusd.router import bus, keys
+from msgbusd.router.commands import CommandServer
 from msgbusd.router.config import RouterSettings
 from msgbusd.router.http_common import (
     JSON_TYPE,
     BodyTooLarge,
+    HttpClients,
     answer_response,
     join_url,
     json_error,
@@ -94,7 +95,8 @@ class EdgeRouter:
     ) -> None:
         assert settings.cloud is not None
         self._redis = redis
-        self._submit = submit
+        self._submit_many = submit
+        self._submit = bus.Coalescer(submit)
         self._resolver = resolver
         self._settings = settings
         self._twin = twin
@@ -102,9 +104,9 @@ class EdgeRouter:
         self._cloud_twin: int | None = None
         self._table = RouteTable(Catalog(), -1)
         self._waiters = bus.Waiters()
-        self._replies = bus.ReplyList(Store(redis), EDGE_REPLIES, self._on_reply)
+        self._replies = bus.ReplyList(Store(redis), EDGE_REPLIES, self._on_replies)
         self._refresh_lock = asyncio.Lock()
-        self._http = httpx.AsyncClient(timeout=settings.call_timeout_s, follow_redirects=False)
+        self._http = HttpClients(settings.call_timeout_s)
         self.mqtt: MqttBridge | None = None
         if settings.mqtt is not None:
             host, port = settings.mqtt
@@ -115,11 +117,14 @@ class EdgeRouter:
                     port=port,
                     max_payload_bytes=settings.max_body_bytes,
                 ),
-                on_message=self._from_mqtt,
+                on_batch=self._from_mqtt,
             )
-        self.service = Service(redis, workers=settings.workers, name="edge-router")
-        self.service.register(PUBLISH, self._publish)
-        self.service.register(CALL, self._call)
+        self.commands = CommandServer(
+            redis,
+            {PUBLISH: self._publish, CALL: self._call},
+            name="edge-router",
+            concurrency=settings.workers,
+        )
 
     @property
     def table(self) -> RouteTable:
@@ -142,10 +147,9 @@ class EdgeRouter:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._replies.run(stopping), name="edge router replies")
-                group.create_task(self.service.serve(), name="edge router commands")
+                group.create_task(self.commands.run(stopping), name="edge router commands")
                 group.create_task(self._refresh_forever(stopping), name="edge router rules")
                 await stopping.wait()
-                self.service.stop()
         finally:
             if self.mqtt is not None:
                 await self.mqtt.close()
@@ -201,7 +205,7 @@ class EdgeRouter:
 
     async def _ask(self, env: Envelope, timeout_s: float) -> Envelope | None:
         """Send a request to the cloud and wait for its reply; None when none came in time."""
-        (uids,) = await self._submit([env])
+        uids = await self._submit.one(env)
         if uids is None:
             raise HandlerError("the bus refused the message (see the daemon's log)")
         # Registered before anything else runs: the reply cannot have been taken yet.
@@ -266,13 +270,15 @@ class EdgeRouter:
 
     # --- replies to the edge's own requests --------------------------------------------------------------
 
-    async def _on_reply(self, raw: bytes, reply: Envelope) -> None:
-        if reply.cmd == RULES:
-            await self._rules_arrived(reply)
-        elif reply.cmd == DELIVER and reply.err:
-            log.error("router: the cloud could not take message %s: %s", reply.uid, reply.err)
-        await self._replies.ack(raw)
-        self._waiters.resolve(reply.uid, reply)
+    async def _on_replies(self, replies: list[tuple[bytes, Envelope]]) -> None:
+        for _, reply in replies:
+            if reply.cmd == RULES:
+                await self._rules_arrived(reply)
+            elif reply.cmd == DELIVER and reply.err:
+                log.error("router: the cloud could not take message %s: %s", reply.uid, reply.err)
+        await self._replies.ack([raw for raw, _ in replies])
+        for _, reply in replies:
+            self._waiters.resolve(reply.uid, reply, keep_if_early=reply.cmd in (RULES, FORWARD))
 
     # --- rest->eventbus ----------------------------------------------------------------------------------
 
@@ -343,24 +349,32 @@ class EdgeRouter:
 
     # --- eventbus->rest ----------------------------------------------------------------------------------
 
-    async def _from_mqtt(self, topic: str, payload: bytes) -> None:
-        routes = self._table.topic(topic)
-        if not routes:
-            log.info("router: no rule takes messages on %r; dropped", topic)
-            return
-        cloud = await self._cloud()
-        ttl = self._settings.message_ttl_s
+    async def _from_mqtt(self, messages: list[tuple[str, bytes]]) -> None:
+        """Hand messages taken from the broker to the bus; returns once they are in Redis (raising leaves
+        them unacknowledged, so the broker sends them again)."""
         envelopes = []
-        for route in routes:
-            message_id = uuid.uuid4().hex
-            event = Event(message_id, route.rule.name, self._table.version, topic, payload)
-            envelopes.append(
-                bus.request(
-                    cloud, DELIVER, event.encode(), message_id=message_id, lifetime_s=ttl, ret=EDGE_REPLIES
+        ttl = self._settings.message_ttl_s
+        for topic, payload in messages:
+            routes = self._table.topic(topic)
+            if not routes:
+                log.info("router: no rule takes messages on %r; dropped", topic)
+                continue
+            cloud = await self._cloud()
+            for route in routes:
+                message_id = uuid.uuid4().hex
+                event = Event(message_id, route.rule.name, self._table.version, topic, payload)
+                envelopes.append(
+                    bus.request(
+                        cloud,
+                        DELIVER,
+                        event.encode(),
+                        message_id=message_id,
+                        lifetime_s=ttl,
+                        ret=EDGE_REPLIES,
+                    )
                 )
-            )
-        # Returns once the messages are in Redis; raising leaves the MQTT message unacknowledged.
-        await self._submit(envelopes)
+        if envelopes:
+            await self._submit_many(envelopes)
 
     # --- servicebus->rest --------------------------------------------------------------------------------
 

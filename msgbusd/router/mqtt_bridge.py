@@ -10,7 +10,8 @@ may therefore still reach the broker later: a timeout means *unknown*, and retry
 
 Receiving: the subscriptions are QoS 1 with manual acknowledgement. Each message is handed to the async
 ``on_message(topic, payload)``, one at a time and in the order received; its PUBACK is sent only after the
-callback returned, i.e. once the message is durable elsewhere.
+callback returned, i.e. once the message is durable elsewhere. With ``on_batch(messages)`` instead, the
+messages waiting (up to HANDOFF_BATCH) are handed over together, in order, and acknowledged together.
 
 Redelivery, as mosquitto (2.0) does it, which is what MQTT allows: a broker never resends an
 unacknowledged message on the same connection, only when the client reconnects to a session that was kept
@@ -60,6 +61,9 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_PAYLOAD_BYTES = 12 * 1024 * 1024
 
 MessageHandler = Callable[[str, bytes], Awaitable[None]]
+BatchHandler = Callable[[list[tuple[str, bytes]]], Awaitable[None]]
+# Messages waiting in the bridge that one on_batch call takes at most.
+HANDOFF_BATCH = 256
 
 
 class MqttBridgeError(Exception):
@@ -152,9 +156,18 @@ class _Incoming:
 class MqttBridge:
     """One MQTT client: ``async with MqttBridge(settings, on_message) as bridge: ...``."""
 
-    def __init__(self, settings: MqttSettings, on_message: MessageHandler | None = None) -> None:
+    def __init__(
+        self,
+        settings: MqttSettings,
+        on_message: MessageHandler | None = None,
+        *,
+        on_batch: BatchHandler | None = None,
+    ) -> None:
+        if on_message is not None and on_batch is not None:
+            raise ValueError("give on_message or on_batch, not both")
         self._settings = settings
         self._on_message = on_message
+        self._on_batch = on_batch
         self.counters = BridgeCounters()
         self._client = Client(
             CallbackAPIVersion.VERSION2,
@@ -294,31 +307,40 @@ class MqttBridge:
 
     async def _deliver_forever(self) -> None:
         while True:
-            incoming = await self._inbox.get()
-            if (
-                incoming.connection != self._live_connection
-                or incoming.connection == self._abandoned_connection
-            ):
-                continue  # unacknowledged: the broker resends it on the next connection
-            if incoming.dup:
-                self.counters.redelivered += 1
-            rejection = self._rejection(incoming)
-            if rejection is not None:
-                self.counters.rejected += 1
-                log.warning(
-                    "mqtt %s: rejected message %d on %r: %s",
-                    self._settings.client_id, incoming.mid, incoming.topic, rejection,
-                )  # fmt: skip
-                self._acknowledge(incoming)
+            batch = [await self._inbox.get()]
+            if self._on_batch is not None:
+                while len(batch) < HANDOFF_BATCH and not self._inbox.empty():
+                    batch.append(self._inbox.get_nowait())
+            taken = [incoming for incoming in batch if self._takeable(incoming)]
+            if not taken:
                 continue
-            if await self._hand_off(incoming):
+            if await self._hand_off(taken):
                 self._handoff_failures = 0
-                self.counters.delivered += 1
-                self._acknowledge(incoming)
-            elif incoming.qos > 0:
+                self.counters.delivered += len(taken)
+                for incoming in taken:
+                    self._acknowledge(incoming)
+            elif any(incoming.qos > 0 for incoming in taken):
                 self._handoff_failures += 1
-                self._abandoned_connection = incoming.connection
-                self._spawn(self._reconnect_for_redelivery(incoming.connection))
+                self._abandoned_connection = taken[0].connection
+                self._spawn(self._reconnect_for_redelivery(taken[0].connection))
+
+    def _takeable(self, incoming: _Incoming) -> bool:
+        """Whether to hand ``incoming`` out: not when its connection is gone (the broker resends it), nor
+        when it is rejected (then it is acknowledged, so that it does not come back)."""
+        if incoming.connection != self._live_connection or incoming.connection == self._abandoned_connection:
+            return False
+        if incoming.dup:
+            self.counters.redelivered += 1
+        rejection = self._rejection(incoming)
+        if rejection is None:
+            return True
+        self.counters.rejected += 1
+        log.warning(
+            "mqtt %s: rejected message %d on %r: %s",
+            self._settings.client_id, incoming.mid, incoming.topic, rejection,
+        )  # fmt: skip
+        self._acknowledge(incoming)
+        return False
 
     def _rejection(self, incoming: _Incoming) -> str | None:
         if incoming.topic is None:
@@ -329,17 +351,19 @@ class MqttBridge:
             )
         return None
 
-    async def _hand_off(self, incoming: _Incoming) -> bool:
-        assert incoming.topic is not None
-        if self._on_message is None:
-            return True
+    async def _hand_off(self, batch: list[_Incoming]) -> bool:
+        messages = [(incoming.topic or "", incoming.payload) for incoming in batch]
         try:
-            await self._on_message(incoming.topic, incoming.payload)
+            if self._on_batch is not None:
+                await self._on_batch(messages)
+            elif self._on_message is not None:
+                (message,) = messages
+                await self._on_message(*message)
         except Exception:
-            self.counters.failed += 1
+            self.counters.failed += len(batch)
             log.exception(
-                "mqtt %s: on_message failed for message %d on %r; not acknowledged",
-                self._settings.client_id, incoming.mid, incoming.topic,
+                "mqtt %s: handing over %d message(s) from %d on %r failed; not acknowledged",
+                self._settings.client_id, len(batch), batch[0].mid, batch[0].topic,
             )  # fmt: skip
             return False
         return True

@@ -17,6 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from msgbusd.router import keys
+from msgbusd.script_batch import ScriptBatch
 
 
 class Outcome(StrEnum):
@@ -111,6 +112,24 @@ class Outcomes:
         ttl = int(lifetime_s) + keys.PENDING_MARGIN_S
         await self._expect(keys=self._keys(uid), args=[*self._prefixes(), pending.encode(), ttl])
 
+    async def expect_many(self, messages: list[tuple[str, Pending, float]]) -> list[None]:
+        """:meth:`expect` for many messages (uid, pending, lifetime) in one round trip."""
+        batch = ScriptBatch(self._redis)
+        for uid, pending, lifetime_s in messages:
+            ttl = int(lifetime_s) + keys.PENDING_MARGIN_S
+            batch.script(self._expect, self._keys(uid), [*self._prefixes(), pending.encode(), ttl])
+        await batch.run()
+        return [None] * len(messages)
+
+    async def settle_replies(self, processing: str, replies: list[tuple[bytes, str, Outcome, str]]) -> None:
+        """Count the outcomes that replies (raw, uid, outcome, error) bring, and acknowledge the replies,
+        in one round trip."""
+        batch = ScriptBatch(self._redis)
+        for raw, uid, outcome, error in replies:
+            args = [*self._prefixes(), outcome.value, self._error_entry(error), raw, processing, "1"]
+            batch.script(self._settle, self._keys(uid), args)
+        await batch.run()
+
     async def settle(
         self,
         uid: str,
@@ -149,12 +168,18 @@ class Outcomes:
 
     async def count(self, rule: str, outcome: Outcome, error: str = "") -> None:
         """Count one message of ``rule`` that had no pending record (handled where it was received)."""
+        await self.count_many([(rule, outcome, error)])
+
+    async def count_many(self, outcomes: list[tuple[str, Outcome, str]]) -> list[None]:
+        """:meth:`count` for many messages (rule, outcome, error), in one round trip."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(keys.counters(rule), outcome.value, 1)
-            if error:
-                pipe.lpush(keys.last_errors(rule), self._error_entry(error))
-                pipe.ltrim(keys.last_errors(rule), 0, keys.LAST_ERRORS_KEPT - 1)
+            for rule, outcome, error in outcomes:
+                pipe.hincrby(keys.counters(rule), outcome.value, 1)
+                if error:
+                    pipe.lpush(keys.last_errors(rule), self._error_entry(error))
+                    pipe.ltrim(keys.last_errors(rule), 0, keys.LAST_ERRORS_KEPT - 1)
             await pipe.execute()
+        return [None] * len(outcomes)
 
     async def retried(self, rule: str, error: str) -> None:
         """Note a failed attempt that will be tried again (counted apart from the message's outcome)."""
