@@ -165,6 +165,21 @@ def test_duplicate_accounts(tmp_path: Path) -> None:
     assert _file_error(path) == f"{path}: twins[1]: account already used by twins[0]"
 
 
+def test_duplicate_names(tmp_path: Path) -> None:
+    path = _write_json(
+        tmp_path / "twins.json",
+        {"twins": [{**GOOD, "name": "edge"}, {"id": 2, "ip": "", "account": KEY_2.hex(), "name": "edge"}]},
+    )
+    assert _file_error(path) == f"{path}: twins[1]: name 'edge' already used by twins[0]"
+
+
+async def test_twins_by_name() -> None:
+    resolver = StaticResolver.from_twins([TWIN_1, TWIN_2, TWIN_3])
+    assert await resolver.twin_id_by_name("edge-3") == 3
+    assert await resolver.twin_id_by_name("edge-1") == 1
+    assert await resolver.twin_id_by_name("nobody") is None
+
+
 def test_from_twins_rejects_duplicates() -> None:
     with pytest.raises(TwinFileError, match="duplicate twin id 1"):
         StaticResolver.from_twins([TWIN_1, Twin(1, "", KEY_2)])
