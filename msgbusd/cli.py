@@ -205,6 +205,8 @@ def main_command(
         message_ttl_s=router_message_ttl,
         refresh_s=router_refresh,
         max_body_bytes=max_message_size,
+        retry_delay_s=retry_delay,
+        retry_max_delay_s=retry_max_delay,
     )
     settings = Settings(
         mnemonics=mnemonics,

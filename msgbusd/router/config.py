@@ -28,8 +28,9 @@ class RouterSettings:
     refresh_s: float = 30.0
     # Limit of REST bodies and MQTT payloads.
     max_body_bytes: int = 12 * 1024 * 1024
-    # eventbus->rest: first delay before another POST to a cloud URL that failed; later ones double.
-    retry_delay_s: float = 1.0
+    # eventbus->rest: first delay before another POST to a cloud URL that failed; later ones double
+    # (msgbusd's --retry-delay and --retry-max-delay).
+    retry_delay_s: float = 5.0
     retry_max_delay_s: float = 60.0
     # How often the cloud router checks whether the rules changed.
     catalog_check_s: float = 0.5

@@ -148,8 +148,10 @@ class EdgeRouter:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._replies.run(stopping), name="edge router replies")
                 group.create_task(self.commands.run(stopping), name="edge router commands")
-                group.create_task(self._refresh_forever(stopping), name="edge router rules")
+                refreshing = group.create_task(self._refresh_forever(stopping), name="edge router rules")
                 await stopping.wait()
+                # A refresh waiting for a cloud that is away must not hold up the stop.
+                refreshing.cancel()
         finally:
             if self.mqtt is not None:
                 await self.mqtt.close()
@@ -343,7 +345,7 @@ class EdgeRouter:
             )
         except httpx.HTTPError as exc:
             return _error_answer(
-                502, f"the edge service at {url} cannot be reached: {exc or type(exc).__name__}"
+                502, f"the edge service at {url} cannot be reached: {str(exc) or type(exc).__name__}"
             )
         return HttpAnswer(response.status_code, list(response.headers.multi_items()), response.content)
 

@@ -14,9 +14,10 @@ from starlette.responses import Response
 from msgbusd.router.protocol import HttpAnswer
 
 JSON_TYPE = "application/json"
-# Answer headers not passed back: httpx already undid the content encoding, and lengths are recomputed.
+# Answer headers not passed back: httpx already undid the content encoding, lengths are recomputed, and
+# the server answering the caller sets its own date and name.
 ANSWER_DROPPED = frozenset(
-    {"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"}
+    {"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
 )
 
 
