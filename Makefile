@@ -45,6 +45,7 @@ faults: setup
 # The benchmark sweep (two sites on this machine, msgbus against a no-logic floor); see docs/benchmarks.md.
 bench: setup
 	$(BIN)/python -m bench.suite
+	$(BIN)/python -m bench.router
 
 demo: setup
 	$(BIN)/msgbus demo
