@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import typer
 
 from msgbusd.logs import configure_logging
-from msgbusd.router.config import RouterSettings
+from msgbusd.router.config import DEFAULT_ROUTER_LISTEN, RouterSettings
 from msgbusd.settings import DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
 
 LOG_LEVELS = {
@@ -152,11 +152,18 @@ def main_command(
     event_log_rotate_minutes: Annotated[
         float, typer.Option(min=0.1, help="Start a new event log file after this long.")
     ] = 60.0,
+    router: Annotated[
+        bool,
+        typer.Option(
+            "--router",
+            help="Cloud site: serve the rules router's REST paths /{node}/[{namespace}/]{path} on "
+            "127.0.0.1:9443 (KubeEdge's port).",
+        ),
+    ] = False,
     router_listen: Annotated[
         str | None,
         typer.Option(
-            help="Cloud site: serve the rules router's REST paths /{node}/[{namespace}/]{path} here "
-            "(HOST:PORT; 127.0.0.1:9443 is KubeEdge's port).",
+            help="Cloud site: serve the rules router's REST paths here (HOST:PORT; implies --router)."
         ),
     ] = None,
     router_cloud: Annotated[
@@ -196,8 +203,8 @@ def main_command(
     host, port = parse_listen(listen)
     if mqtt is not None and router_cloud is None:
         raise typer.BadParameter("--mqtt is for edge sites: give --router-cloud too")
-    router = RouterSettings(
-        listen=parse_listen(router_listen) if router_listen is not None else None,
+    router_settings = RouterSettings(
+        listen=parse_listen(router_listen) if router_listen else DEFAULT_ROUTER_LISTEN if router else None,
         cloud=router_cloud,
         mqtt=parse_mqtt_url(mqtt) if mqtt is not None else None,
         servicebus_listen=parse_listen(servicebus_listen),
@@ -233,7 +240,7 @@ def main_command(
         event_log_dir=event_log,
         event_log_max_bytes=event_log_max_mb * 1024 * 1024,
         event_log_rotate_s=event_log_rotate_minutes * 60,
-        router=router,
+        router=router_settings,
     )
     configure_logging(level)
     from msgbusd.runner import run

@@ -455,6 +455,7 @@ async def serve(settings: Settings, signer: Signer, resolver: Resolver) -> None:
             withdraw=site.store.withdraw,
             resolver=resolver,
             twin=site.twin,
+            metrics=site.metrics,
         )
         daemon.companions.append(router.run)
     loop = asyncio.get_running_loop()

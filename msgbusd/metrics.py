@@ -8,6 +8,7 @@ lengths, in-flight work, open circuits) are set by the daemon's ``refresh`` hook
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -143,6 +144,11 @@ class Metrics:
         """Export the twin cache's counters (read at each scrape) as ``msgbus_twin_cache_total{what}``."""
         self.registry.register(_TwinCacheCollector(stats))
 
+    def watch_mqtt_bridge(self, counters: object) -> None:
+        """Export an MQTT bridge's counters (a dataclass of ints, read at each scrape) as
+        ``msgbus_router_mqtt_total{what}``."""
+        self.registry.register(_MqttCollector(counters))
+
     def observe_round_trip(self, seconds: float) -> None:
         """Record the time from accepting a local request to delivering its reply to the caller."""
         self.round_trip_seconds.observe(seconds)
@@ -198,6 +204,23 @@ class _TwinCacheCollector(Collector):
         )
         for what in TWIN_CACHE_COUNTS:
             family.add_metric([what], getattr(self._stats, what))
+        yield family
+
+
+class _MqttCollector(Collector):
+    def __init__(self, counters: object) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "msgbus_router_mqtt",
+            "The edge router's MQTT messages: published (acknowledged by the broker), delivered (taken in), "
+            "failed (not taken, sent again by the broker), rejected (over the size limit or a topic that is "
+            "not UTF-8: dropped), redelivered (came again), connections (made).",
+            labels=["what"],
+        )
+        for item in dataclasses.fields(self._counters):  # type: ignore[arg-type]  # a dataclass instance
+            family.add_metric([item.name], getattr(self._counters, item.name))
         yield family
 
 

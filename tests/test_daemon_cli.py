@@ -154,6 +154,45 @@ def test_port_in_use(twins_file: Path, redis_url: str) -> None:
     )
 
 
+@pytest.mark.parametrize("flag", ["--router-listen", "--servicebus-listen"])
+def test_router_port_in_use(twins_file: Path, redis_url: str, flag: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_msgbusd(
+            "--twins",
+            str(twins_file),
+            "--redis",
+            redis_url,
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            *(["--router-cloud", "5"] if flag == "--servicebus-listen" else []),
+            flag,
+            f"127.0.0.1:{port}",
+            env={"MSGBUS_MNEMONICS": SEED},
+        )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip() == f"msgbusd: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mqtt", "mqtt://127.0.0.1:1883"], "--mqtt is for edge sites: give --router-cloud too"),
+        (["--router-cloud", "cloud", "--mqtt", "127.0.0.1:1883"], "'127.0.0.1:1883' is not mqtt://HOST:PORT"),
+        (["--router-listen", "9443"], "'9443' is not HOST:PORT"),
+    ],
+)
+def test_router_flags_are_checked(twins_file: Path, args: list[str], message: str) -> None:
+    result = run_msgbusd("--twins", str(twins_file), *args, env={"MSGBUS_MNEMONICS": SEED})
+    assert result.returncode == 2
+    assert message in " ".join(result.stderr.replace("│", " ").split())
+    assert "Traceback" not in result.stderr
+
+
 def test_own_twin_is_found_from_the_key(twins_file: Path, redis_url: str) -> None:
     site = SiteProcess(twin=5, redis_url=redis_url, twins_file=twins_file, mnemonic=SEED)
     site.command = lambda: [  # type: ignore[method-assign]

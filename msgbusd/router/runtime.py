@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 import uvicorn
 from starlette.applications import Starlette
 
+from msgbusd.metrics import Metrics
 from msgbusd.router.bus import Submit
 from msgbusd.router.cloud import CloudRouter, Withdraw
 from msgbusd.router.config import RouterSettings
@@ -45,7 +46,14 @@ class RouterRuntime:
         self.edge: EdgeRouter | None = None
 
     def attach(
-        self, *, redis: aioredis.Redis, submit: Submit, withdraw: Withdraw, resolver: Resolver, twin: int
+        self,
+        *,
+        redis: aioredis.Redis,
+        submit: Submit,
+        withdraw: Withdraw,
+        resolver: Resolver,
+        twin: int,
+        metrics: Metrics,
     ) -> None:
         if self._cloud_socket is not None:
             self.cloud = CloudRouter(
@@ -60,6 +68,8 @@ class RouterRuntime:
             self.edge = EdgeRouter(
                 redis=redis, submit=submit, resolver=resolver, settings=self.settings, twin=twin
             )
+            if self.edge.mqtt is not None:
+                metrics.watch_mqtt_bridge(self.edge.mqtt.counters)
 
     async def run(self, stopping: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
