@@ -133,7 +133,12 @@ def main_command(
         float, typer.Option(min=0.0, help="Seconds in-flight work gets on SIGTERM.")
     ] = 10.0,
     max_message_size: Annotated[
-        int, typer.Option(min=1024, help="Bytes: larger HTTP bodies are refused with 413.")
+        int,
+        typer.Option(
+            min=1024,
+            help="The largest message payload (bytes): larger HTTP bodies (beyond its base64 envelope), REST "
+            "bodies and MQTT payloads are refused with 413.",
+        ),
     ] = 12 * 1024 * 1024,
     rate_limit: Annotated[
         float,

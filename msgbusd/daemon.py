@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from msgbusd import keys
 from msgbusd.backoff import REDIS_RECONNECT, Backoff
+from msgbusd.envelope import envelope_size_limit
 from msgbusd.event_log import EventLog
 from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
@@ -393,7 +394,9 @@ async def open_site(
         rotate_s=settings.event_log_rotate_s,
         clock=clock,
     )
-    forwarder = Forwarder(http, resolver, signer, clock, metrics, max_batch_bytes=settings.max_message_bytes)
+    # --max-message-size is the largest payload: HTTP bodies carry it base64-encoded in an envelope.
+    max_body_bytes = envelope_size_limit(settings.max_message_bytes)
+    forwarder = Forwarder(http, resolver, signer, clock, metrics, max_batch_bytes=max_body_bytes)
     # Probes of an absent peer are spaced like retries, but never closer than PROBE_FLOOR_S.
     probe_backoff = Backoff(
         max(settings.retry_delay_s, PROBE_FLOOR_S), max(settings.retry_max_delay_s, PROBE_FLOOR_S)
@@ -420,7 +423,7 @@ async def open_site(
         metrics,
         twin,
         events=events,
-        max_message_bytes=settings.max_message_bytes,
+        max_message_bytes=max_body_bytes,
         rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
     )
     return Site(settings, twin, redis, http, store, outbox, door, clock, metrics, events)

@@ -189,3 +189,13 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return "null"
+
+
+# Room for an envelope's fields other than ``dat`` (uid, cmd, ret, sig, the router's headers, ...).
+ENVELOPE_FIELDS_SLACK = 64 * 1024
+
+
+def envelope_size_limit(max_payload_bytes: int) -> int:
+    """The largest encoded envelope that carries a payload of ``max_payload_bytes``: base64 turns every 3
+    bytes into 4, and the other fields get :data:`ENVELOPE_FIELDS_SLACK`."""
+    return 4 * -(-max_payload_bytes // 3) + ENVELOPE_FIELDS_SLACK

@@ -47,10 +47,14 @@ class DeliveryError(MsgbusError):
     or it said it cannot take messages now), as opposed to a site that refused this message.
     """
 
-    def __init__(self, cause: str, *, offline: bool = False, kind: DeliveryErrorKind | None = None) -> None:
+    def __init__(
+        self, cause: str, *, offline: bool = False, kind: DeliveryErrorKind | None = None, final: bool = False
+    ) -> None:
         super().__init__(cause)
         self.cause = cause
         self.offline = offline
+        # Sending again cannot help (the peer refuses the message as too large): no retry is made.
+        self.final = final
         self.kind: DeliveryErrorKind = kind or ("unreachable" if offline else "other")
 
 

@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from http import HTTPStatus
 
 import httpx
 
@@ -187,6 +188,7 @@ def _refused(twin_id: int, status: int, message: str) -> DeliveryError:
         f"twin {twin_id} refused the message: {status} {message}",
         offline=offline,
         kind="unreachable" if offline else "refused",
+        final=status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     )
 
 

@@ -201,9 +201,9 @@ class Outbox:
                 extra=about(uid=item.envelope.uid, cmd=item.envelope.cmd, dst=item.envelope.dst[0]),
             )
 
-    async def item_failed(self, item: SendItem, cause: str) -> None:
+    async def item_failed(self, item: SendItem, cause: str, *, final: bool = False) -> None:
         if item.original is not None:
-            await self.failed(item.uid, item.original, cause)
+            await self.failed(item.uid, item.original, cause, final=final)
         else:
             await self._reply_failed(item.reply_key, item.envelope, item.state or {}, cause)
 
@@ -252,11 +252,12 @@ class Outbox:
     def unreachable_cause(self, dst: int) -> str:
         return f"twin {dst} is unreachable ({self.health.last_cause(dst)})"
 
-    async def failed(self, uid: str, original: Envelope, cause: str) -> None:
-        """Count a failed attempt; schedule the next one, or give the caller the final error."""
+    async def failed(self, uid: str, original: Envelope, cause: str, *, final: bool = False) -> None:
+        """Count a failed attempt; schedule the next one, or give the caller the final error (at once when
+        the failure is ``final``)."""
         failures = await self._store.record_failure(uid)
         dst = destination_of(uid)
-        if failures <= original.retries:
+        if failures <= original.retries and not final:
             delay = self._backoff.delay_s(failures)
             if await self._store.schedule_retry(uid, self._clock() + delay):
                 self.metrics.message("retried")
@@ -314,7 +315,7 @@ class Outbox:
         elif error.offline and self.hold_offline:
             await self._store.reschedule(member, self._clock() + self.health.seconds_until_probe(dst))
         else:
-            await self.failed(uid, original, error.cause)
+            await self.failed(uid, original, error.cause, final=error.final)
 
     # --- replies -----------------------------------------------------------------------------------------
 

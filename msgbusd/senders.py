@@ -186,7 +186,7 @@ class Senders:
                     extra=about(dst=dst),
                 )
                 return entries.index(item.entry)
-            await outbox.item_failed(item, error.cause)
+            await outbox.item_failed(item, error.cause, final=error.final)
         return len(entries)
 
     async def _pause(self, delay_s: float) -> None:

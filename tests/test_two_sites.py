@@ -8,13 +8,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
 from msgbusd import keys
-from msgbusd.envelope import Envelope
+from msgbusd.envelope import Envelope, envelope_size_limit
 from msgbusd.identity import load_signer
 from msgbusd.local_sites import LocalCluster, free_port, wait_until
 from msgbusd.signing import verify
@@ -203,10 +204,17 @@ def test_log_lines_about_a_message_name_its_uid_command_destination_and_queue(
 ) -> None:
     ret = push_request(site1, [98], "echo.logged", retries=1)
     pop_replies(site1, ret, 1)
-    lines = [json.loads(line) for line in cluster.sites[0].log().splitlines() if line.startswith("{")]
-    about = [line for line in lines if line.get("queue") == ret]
-    assert about, "a JSON log line names the caller's return queue"
-    (final,) = [line for line in about if line["level"] == "WARNING"]
+
+    def json_lines() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in cluster.sites[0].log().splitlines() if line.startswith("{")]
+
+    def warnings_about_ret() -> list[dict[str, Any]]:
+        return [line for line in json_lines() if line.get("queue") == ret and line["level"] == "WARNING"]
+
+    # The reply is handed over just before the line about it is written.
+    wait_until(lambda: bool(warnings_about_ret()), what="the log line about the failure")
+    lines = json_lines()
+    (final,) = warnings_about_ret()
     assert final["uid"].startswith("98.") and (final["cmd"], final["dst"]) == ("echo.logged", 98)
     assert "failed after 2 attempts: twin 98 not found" in final["msg"]
     retries = [line for line in lines if line.get("uid") == final["uid"] and "retry 1/1" in line["msg"]]
@@ -483,13 +491,14 @@ def test_a_peer_without_the_batch_endpoint_gets_one_envelope_per_post_in_order(
         assert pop_replies(site1, ret, 1)[0].err == "request timeout (expiration reached, 1)"
 
 
-def test_a_body_over_12_mib_is_refused_before_it_is_read(cluster: LocalCluster) -> None:
+def test_a_body_over_the_envelope_of_12_mib_is_refused_before_it_is_read(cluster: LocalCluster) -> None:
+    limit = envelope_size_limit(12 * 1024 * 1024)
     with httpx.Client(base_url=cluster.sites[1].url, trust_env=False, timeout=30) as http:
-        response = http.post("/zbus-remote", content=b"x" * (12 * 1024 * 1024 + 1))
+        response = http.post("/zbus-remote", content=b"x" * (limit + 1))
         assert response.status_code == 413
         assert response.json() == {
             "Status": "error",
-            "Message": f"message too large: this site takes at most {12 * 1024 * 1024} bytes",
+            "Message": f"message too large: this site takes at most {limit} bytes",
         }
         assert http.get("/healthz").status_code == 200, "the site goes on"
 
@@ -505,9 +514,10 @@ def test_batches_are_cut_under_the_size_limit_and_an_oversized_message_gets_a_cl
             replies = [pop_replies(site1, ret, 1)[0] for ret in rets]
             assert [(r.err, r.payload) for r in replies] == [("", bytes([n]) * 50_000) for n in range(20)]
             (too_big,) = pop_replies(site1, push_request(site1, [2], "echo.big", b"z" * 300_000), 1)
+        # Refused at once: a peer that finds a message too large always will.
         assert too_big.err == (
             "all retries done: twin 2 refused the message: 413 message too large: this site takes at most "
-            "200000 bytes"
+            f"{envelope_size_limit(200_000)} bytes"
         )
     finally:
         site1.close()

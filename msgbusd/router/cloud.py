@@ -40,6 +40,8 @@ from msgbusd.router.http_common import (
     BodyTooLarge,
     HttpClients,
     answer_response,
+    answer_too_large,
+    error_answer,
     join_url,
     json_error,
     read_body,
@@ -430,15 +432,17 @@ class CloudRouter:
         except httpx.TimeoutException as exc:
             error = f"{call.method} {url} timed out: {_describe(exc)}"
             await self._count.one((rule, Outcome.FAIL, error))
-            return HttpAnswer(
-                504, [("content-type", JSON_TYPE)], json.dumps({"error": error}).encode()
-            ).encode()
+            return error_answer(504, error).encode()
         except httpx.HTTPError as exc:
             error = f"{call.method} {url} failed: {_describe(exc)}"
             await self._count.one((rule, Outcome.FAIL, error))
-            return HttpAnswer(
-                502, [("content-type", JSON_TYPE)], json.dumps({"error": error}).encode()
-            ).encode()
+            return error_answer(502, error).encode()
+        too_large = answer_too_large(
+            f"{call.method} {url}", len(response.content), self._settings.max_body_bytes
+        )
+        if too_large is not None:
+            await self._count.one((rule, Outcome.FAIL, too_large))
+            return error_answer(502, too_large).encode()
         if response.status_code >= 400:
             await self._count.one(
                 (rule, Outcome.FAIL, f"{call.method} {url} answered {response.status_code}")

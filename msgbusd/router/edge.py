@@ -39,10 +39,11 @@ from msgbusd.router import bus, keys
 from msgbusd.router.commands import CommandServer
 from msgbusd.router.config import RouterSettings
 from msgbusd.router.http_common import (
-    JSON_TYPE,
     BodyTooLarge,
     HttpClients,
     answer_response,
+    answer_too_large,
+    error_answer,
     join_url,
     json_error,
     read_body,
@@ -340,13 +341,18 @@ class EdgeRouter:
         try:
             response = await self._http.request(call.method, url, headers=call.headers, content=call.body)
         except httpx.TimeoutException:
-            return _error_answer(
+            return error_answer(
                 504, f"the edge service at {url} did not answer within {self._settings.call_timeout_s:g}s"
             )
         except httpx.HTTPError as exc:
-            return _error_answer(
+            return error_answer(
                 502, f"the edge service at {url} cannot be reached: {str(exc) or type(exc).__name__}"
             )
+        too_large = answer_too_large(
+            f"the edge service at {url}", len(response.content), self._settings.max_body_bytes
+        )
+        if too_large is not None:
+            return error_answer(502, too_large)
         return HttpAnswer(response.status_code, list(response.headers.multi_items()), response.content)
 
     # --- eventbus->rest ----------------------------------------------------------------------------------
@@ -422,7 +428,3 @@ class EdgeRouter:
             return answer_response(HttpAnswer.decode(reply.payload))
         except (FrameError, ValueError) as exc:
             return json_error(502, f"the cloud sent an unreadable answer: {exc}", rule=route.rule.name)
-
-
-def _error_answer(status: int, error: str) -> HttpAnswer:
-    return HttpAnswer(status, [("content-type", JSON_TYPE)], json.dumps({"error": error}).encode())

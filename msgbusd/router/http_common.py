@@ -26,6 +26,18 @@ class BodyTooLarge(Exception):
         super().__init__(f"request body too large: the limit is {limit_bytes} bytes")
 
 
+def error_answer(status: int, error: str) -> HttpAnswer:
+    """An error made here, carried back over the bus as an HTTP answer with a JSON body."""
+    return HttpAnswer(status, [("content-type", JSON_TYPE)], json.dumps({"error": error}).encode())
+
+
+def answer_too_large(what: str, size_bytes: int, limit_bytes: int) -> str | None:
+    """Why an answer cannot be carried back (the bus refuses larger messages), or None when it can."""
+    if size_bytes <= limit_bytes:
+        return None
+    return f"{what}: the answer ({size_bytes} bytes) is over the limit of {limit_bytes} bytes"
+
+
 def json_error(status: int, message: str, **extra: object) -> Response:
     """An error the caller can read: ``{"error": message, ...}``."""
     return Response(json.dumps({"error": message, **extra}), status, media_type=JSON_TYPE)

@@ -36,10 +36,14 @@ class HttpRecorder:
     """A threaded HTTP server on 127.0.0.1 that records every request and answers ``status`` with
     ``answer(request)`` as the body (the request's body by default), after ``delay_s``."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, backlog: int = 5) -> None:
         self.port = port or free_port()
+        # Connections waiting to be accepted (the standard library's 5 resets some of a burst of callers).
+        self.backlog = backlog
         self.requests: list[Recorded] = []
         self.status = 200
+        # When set, the status to answer each request (instead of ``status``).
+        self.status_for: Callable[[Recorded], int] | None = None
         self.delay_s = 0.0
         self.answer: Callable[[Recorded], bytes] = lambda recorded: recorded.body
         self.answer_headers: list[tuple[str, str]] = [("Content-Type", "application/octet-stream")]
@@ -65,7 +69,8 @@ class HttpRecorder:
                 if recorder.delay_s:
                     time.sleep(recorder.delay_s)
                 payload = recorder.answer(recorded)
-                self.send_response(recorder.status)
+                status_for = recorder.status_for
+                self.send_response(recorder.status if status_for is None else status_for(recorded))
                 for name, value in recorder.answer_headers:
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(payload)))
@@ -79,7 +84,15 @@ class HttpRecorder:
                 pass
 
         ThreadingHTTPServer.allow_reuse_address = True
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler, bind_and_activate=False)
+        server.request_queue_size = self.backlog
+        try:
+            server.server_bind()
+            server.server_activate()
+        except BaseException:
+            server.server_close()
+            raise
+        self._server = server
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
