@@ -219,6 +219,7 @@ def main_command(
         max_body_bytes=max_message_size,
         retry_delay_s=retry_delay,
         retry_max_delay_s=retry_max_delay,
+        drain_grace_s=drain_grace,
     )
     settings = Settings(
         mnemonics=mnemonics,

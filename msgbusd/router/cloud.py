@@ -154,6 +154,7 @@ class CloudRouter:
             {DELIVER: self._deliver, FORWARD: self._forward, RULES: self._rules},
             name="cloud-router",
             concurrency=settings.workers,
+            grace_s=settings.drain_grace_s,
         )
 
     # --- running -----------------------------------------------------------------------------------------
@@ -173,7 +174,12 @@ class CloudRouter:
             group.create_task(self._retry_deliveries(stopping), name="router deliveries")
             await stopping.wait()
         if self._tasks:
-            await asyncio.wait(self._tasks)
+            # A POST cut short stays scheduled: it is made again after its lease.
+            _, unfinished = await asyncio.wait(self._tasks, timeout=self._settings.drain_grace_s)
+            for task in unfinished:
+                task.cancel()
+            if unfinished:
+                await asyncio.wait(unfinished)
         await self._http.aclose()
 
     # --- the REST ingress --------------------------------------------------------------------------------

@@ -53,12 +53,14 @@ class CommandServer:
         name: str,
         concurrency: int,
         block_s: float = 1.0,
+        grace_s: float = 10.0,
     ) -> None:
         self._redis = redis
         self._handlers = {keys.command_queue(cmd): handler for cmd, handler in handlers.items()}
         self._name = name
         self._concurrency = concurrency
         self._block_s = block_s
+        self._grace_s = grace_s
         self._take_more = redis.register_script(_TAKE_MORE)
         self._done: list[tuple[str, bytes, bytes | None]] = []
         self._done_event = asyncio.Event()
@@ -80,7 +82,14 @@ class CommandServer:
                 for queue in self._handlers:
                     group.create_task(self._take_forever(queue, stopping))
             if self._tasks:
-                await asyncio.wait(self._tasks)
+                # A handler may wait long (a broker that is away, a slow service): what is not done in the
+                # grace time is left in its processing list, for the next start.
+                _, unfinished = await asyncio.wait(self._tasks, timeout=self._grace_s)
+                for task in unfinished:
+                    task.cancel()
+                if unfinished:
+                    log.warning("router: %d request(s) left for the next start", len(unfinished))
+                    await asyncio.wait(unfinished)
         finally:
             closing.set()
             self._done_event.set()

@@ -36,3 +36,5 @@ class RouterSettings:
     catalog_check_s: float = 0.5
     # Messages handled at once by each router command.
     workers: int = 64
+    # Time given to messages being handled when the daemon stops; the others are handled at the next start.
+    drain_grace_s: float = 10.0

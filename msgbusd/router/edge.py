@@ -125,6 +125,7 @@ class EdgeRouter:
             {PUBLISH: self._publish, CALL: self._call},
             name="edge-router",
             concurrency=settings.workers,
+            grace_s=settings.drain_grace_s,
         )
 
     @property
