@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
+import redis.asyncio as aioredis
 import typer
 
 from msgbusd.cli import parse_mqtt_url
 from msgbusd.envelope import Envelope
+from msgbusd.local_sites import free_port
 from msgbusd.router import load_text
 from msgbusd.router.bus import Coalescer, Waiters
+from msgbusd.router.cloud import CloudRouter
+from msgbusd.router.config import RouterSettings
 from msgbusd.router.http_common import join_url
 from msgbusd.router.nodes import UnknownNode, node_twin
 from msgbusd.router.protocol import Event, FrameError, HttpAnswer, HttpCall, decode_frame, passed_headers
@@ -218,3 +223,27 @@ async def test_waiters_find_replies_that_came_first() -> None:
     waiters.resolve("1.1", Envelope(uid="1.1", err="x"))
     assert (await late).err == "x"
     assert not waiters.expect("1.4").done()
+
+
+async def test_the_rest_door_answers_503_while_redis_is_away() -> None:
+    async def never(envelopes: list[Envelope]) -> list[list[str] | None]:
+        raise AssertionError("nothing is sent without Redis")
+
+    async def never_withdraw(uid: str) -> bool:
+        raise AssertionError("nothing is withdrawn without Redis")
+
+    redis = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
+    router = CloudRouter(
+        redis=redis,
+        submit=never,
+        withdraw=never_withdraw,
+        resolver=StaticResolver.from_twins([]),
+        settings=RouterSettings(listen=("127.0.0.1", 0)),
+        twin=1,
+    )
+    transport = httpx.ASGITransport(app=router.app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        response = await client.post("/edge-1/a", content=b"x")
+    await redis.aclose()
+    assert response.status_code == 503
+    assert response.json()["error"].startswith("this site's Redis cannot be reached: ")

@@ -45,6 +45,7 @@ from msgbusd.router.http_common import (
     join_url,
     json_error,
     read_body,
+    redis_guarded,
 )
 from msgbusd.router.nodes import UnknownNode, node_twin
 from msgbusd.router.outcomes import Outcome, Outcomes, Pending
@@ -162,8 +163,8 @@ class CloudRouter:
     def app(self) -> Starlette:
         return Starlette(
             routes=[
-                HttpRoute("/{node}/{path:path}", self._ingress, methods=METHODS),
-                HttpRoute("/{node}", self._ingress, methods=METHODS),
+                HttpRoute("/{node}/{path:path}", redis_guarded(self._ingress), methods=METHODS),
+                HttpRoute("/{node}", redis_guarded(self._ingress), methods=METHODS),
             ]
         )
 

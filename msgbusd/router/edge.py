@@ -47,6 +47,7 @@ from msgbusd.router.http_common import (
     join_url,
     json_error,
     read_body,
+    redis_guarded,
 )
 from msgbusd.router.mqtt_bridge import (
     InvalidTopic,
@@ -137,7 +138,7 @@ class EdgeRouter:
     def app(self) -> Starlette:
         return Starlette(
             routes=[
-                HttpRoute("/{path:path}", self._servicebus, methods=METHODS),
+                HttpRoute("/{path:path}", redis_guarded(self._servicebus), methods=METHODS),
             ]
         )
 

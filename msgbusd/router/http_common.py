@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from msgbusd.router.protocol import HttpAnswer
 
+log = logging.getLogger(__name__)
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 JSON_TYPE = "application/json"
 # Answer headers not passed back: httpx already undid the content encoding, lengths are recomputed, and
 # the server answering the caller sets its own date and name.
@@ -36,6 +42,20 @@ def answer_too_large(what: str, size_bytes: int, limit_bytes: int) -> str | None
     if size_bytes <= limit_bytes:
         return None
     return f"{what}: the answer ({size_bytes} bytes) is over the limit of {limit_bytes} bytes"
+
+
+def redis_guarded(endpoint: Endpoint) -> Endpoint:
+    """``endpoint``, answering 503 with a JSON error while this site's Redis cannot be reached: the message
+    was not taken (one that Redis got just before may still go when it is back)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except (RedisError, OSError) as exc:
+            log.warning("router: %s %s: redis failed: %s", request.method, request.url.path, exc)
+            return json_error(503, f"this site's Redis cannot be reached: {exc}")
+
+    return guarded
 
 
 def json_error(status: int, message: str, **extra: object) -> Response:
