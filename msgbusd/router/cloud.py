@@ -37,6 +37,7 @@ from msgbusd.router.commands import CommandServer
 from msgbusd.router.config import RouterSettings
 from msgbusd.router.http_common import (
     JSON_TYPE,
+    METHODS,
     BodyTooLarge,
     HttpClients,
     answer_response,
@@ -75,7 +76,6 @@ from twin_resolver.base import Resolver, ResolverError
 
 log = logging.getLogger(__name__)
 
-METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # Longest lifetime a caller may ask for with X-Msgbus-Ttl.
 MAX_TTL_S = 7 * 24 * 3600
 # A delivery attempt in progress is leased for this long beyond its HTTP timeout.
@@ -324,10 +324,7 @@ class CloudRouter:
 
     async def _deliver(self, request: BusRequest) -> dict[str, object]:
         """eventbus->rest: POST to the rule's URL now; if that fails, keep it in Redis and try again."""
-        try:
-            event = Event.decode(request.data)
-        except FrameError as exc:
-            raise HandlerError(str(exc)) from None
+        event = Event.decode(request.data)
         route = await self._edge_route(event.rule, request.src, EVENTBUS)
         env = request.envelope
         header = {
@@ -424,10 +421,7 @@ class CloudRouter:
 
     async def _forward(self, request: BusRequest) -> bytes:
         """servicebus->rest: make the edge app's call to the rule's URL and return the answer."""
-        try:
-            call = HttpCall.decode(request.data)
-        except FrameError as exc:
-            raise HandlerError(str(exc)) from None
+        call = HttpCall.decode(request.data)
         route = await self._edge_route(call.rule, request.src, SERVICEBUS)
         rule = route.rule.name
         url = join_url(route.rule.target_resource["resource"], call.suffix, call.query)

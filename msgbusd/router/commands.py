@@ -24,6 +24,7 @@ from client.request import HandlerResult, Request, encode_result, reply_envelope
 from msgbusd import keys
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope, EnvelopeDecodeError, decode_payload
+from msgbusd.router.protocol import FrameError
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class CommandServer:
         try:
             result = await self._handlers[queue](Request(data, request))
             return reply_envelope(request, encode_result(result))
-        except HandlerError as exc:
+        except (HandlerError, FrameError) as exc:  # a frame this version cannot read is the sender's error
             return reply_envelope(request, err=str(exc) or type(exc).__name__)
         except Exception as exc:
             log.exception(

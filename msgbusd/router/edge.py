@@ -39,6 +39,7 @@ from msgbusd.router import bus, keys
 from msgbusd.router.commands import CommandServer
 from msgbusd.router.config import RouterSettings
 from msgbusd.router.http_common import (
+    METHODS,
     BodyTooLarge,
     HttpClients,
     answer_response,
@@ -78,7 +79,6 @@ from twin_resolver.base import Resolver, ResolverError
 
 log = logging.getLogger(__name__)
 
-METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 RUNNING = b"running"
 # How long asking the cloud for rules may take before the edge goes on with what it has.
 REFRESH_TIMEOUT_S = 5.0
@@ -288,10 +288,7 @@ class EdgeRouter:
     # --- rest->eventbus ----------------------------------------------------------------------------------
 
     async def _publish(self, request: BusRequest) -> dict[str, str]:
-        try:
-            event = Event.decode(request.data)
-        except FrameError as exc:
-            raise HandlerError(str(exc)) from None
+        event = Event.decode(request.data)
         await self._check_cloud(request.src)
         route = await self._route(event.rule, event.version, (REST, EVENTBUS))
         if self.mqtt is None:
@@ -316,10 +313,7 @@ class EdgeRouter:
     # --- rest->servicebus --------------------------------------------------------------------------------
 
     async def _call(self, request: BusRequest) -> bytes:
-        try:
-            call = HttpCall.decode(request.data)
-        except FrameError as exc:
-            raise HandlerError(str(exc)) from None
+        call = HttpCall.decode(request.data)
         await self._check_cloud(request.src)
         route = await self._route(call.rule, call.version, (REST, SERVICEBUS))
         done = keys.call_done(call.id)

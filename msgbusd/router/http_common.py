@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 JSON_TYPE = "application/json"
+# The methods the router's doors take (any a REST client uses).
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # Answer headers not passed back: httpx already undid the content encoding, lengths are recomputed, and
 # the server answering the caller sets its own date and name.
 ANSWER_DROPPED = frozenset(
