@@ -75,12 +75,16 @@ class RouterRuntime:
         async with asyncio.TaskGroup() as group:
             if self.cloud is not None and self._cloud_socket is not None:
                 group.create_task(self.cloud.run(stopping), name="cloud router")
-                group.create_task(_serve(self.cloud.app(), self._cloud_socket, stopping), name="router REST")
+                group.create_task(
+                    _serve(self.cloud.app(), self._cloud_socket, stopping, self.settings.drain_grace_s),
+                    name="router REST",
+                )
                 log.info("rules router (cloud): REST paths on %s:%s", *self.settings.listen or ("", ""))
             if self.edge is not None and self._servicebus_socket is not None:
                 group.create_task(self.edge.run(stopping), name="edge router")
                 group.create_task(
-                    _serve(self.edge.app(), self._servicebus_socket, stopping), name="servicebus"
+                    _serve(self.edge.app(), self._servicebus_socket, stopping, self.settings.drain_grace_s),
+                    name="servicebus",
                 )
                 log.info(
                     "rules router (edge of %s): servicebus on %s:%s, MQTT %s",
@@ -95,10 +99,17 @@ class RouterRuntime:
                 sock.close()
 
 
-async def _serve(app: Starlette, sock: socket.socket, stopping: asyncio.Event) -> None:
-    server = _Server(
-        uvicorn.Config(app, log_level="warning", log_config=None, access_log=False, lifespan="off")
+async def _serve(app: Starlette, sock: socket.socket, stopping: asyncio.Event, grace_s: float) -> None:
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        # Callers still waiting for an answer when the site stops get grace_s, then their connection ends.
+        timeout_graceful_shutdown=max(1, int(grace_s)),
     )
+    server = _Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     await stopping.wait()
     server.should_exit = True
