@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-import httpx
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
@@ -40,6 +39,7 @@ from msgbusd.router.http_common import (
     METHODS,
     BodyTooLarge,
     HttpClients,
+    HttpFailed,
     answer_response,
     answer_too_large,
     error_answer,
@@ -346,13 +346,13 @@ class CloudRouter:
         """One POST of a delivery; None when it succeeded (counted), else why it failed."""
         url = str(header["url"])
         try:
-            response = await self._http.request(
-                "POST", url, content=body, headers={NODE_NAME_HEADER: str(header["node"])}
+            reply = await self._http.request(
+                "POST", url, content=body, headers=[(NODE_NAME_HEADER, str(header["node"]))]
             )
-        except httpx.HTTPError as exc:
-            return f"POST {url} failed: {_describe(exc)}"
-        if not 200 <= response.status_code < 300:
-            return f"POST {url} answered {response.status_code}"
+        except HttpFailed as exc:
+            return f"POST {url} failed: {exc}"
+        if not 200 <= reply.status < 300:
+            return f"POST {url} answered {reply.status}"
         await self._count.one((str(header["rule"]), Outcome.SUCCESS, ""))
         return None
 
@@ -427,32 +427,22 @@ class CloudRouter:
         url = join_url(route.rule.target_resource["resource"], call.suffix, call.query)
         headers = [*call.headers, (NODE_NAME_HEADER, route.node)]
         try:
-            response = await self._http.request(
-                call.method, url, headers=headers, content=call.body, timeout=self._settings.call_timeout_s
+            reply = await self._http.request(
+                call.method, url, headers=headers, content=call.body, timeout_s=self._settings.call_timeout_s
             )
-        except httpx.TimeoutException as exc:
-            error = f"{call.method} {url} timed out: {_describe(exc)}"
+        except HttpFailed as exc:
+            error = f"{call.method} {url} {'timed out' if exc.timed_out else 'failed'}: {exc}"
             await self._count.one((rule, Outcome.FAIL, error))
-            return error_answer(504, error).encode()
-        except httpx.HTTPError as exc:
-            error = f"{call.method} {url} failed: {_describe(exc)}"
-            await self._count.one((rule, Outcome.FAIL, error))
-            return error_answer(502, error).encode()
-        too_large = answer_too_large(
-            f"{call.method} {url}", len(response.content), self._settings.max_body_bytes
-        )
+            return error_answer(504 if exc.timed_out else 502, error).encode()
+        too_large = answer_too_large(f"{call.method} {url}", len(reply.body), self._settings.max_body_bytes)
         if too_large is not None:
             await self._count.one((rule, Outcome.FAIL, too_large))
             return error_answer(502, too_large).encode()
-        if response.status_code >= 400:
-            await self._count.one(
-                (rule, Outcome.FAIL, f"{call.method} {url} answered {response.status_code}")
-            )
+        if reply.status >= 400:
+            await self._count.one((rule, Outcome.FAIL, f"{call.method} {url} answered {reply.status}"))
         else:
             await self._count.one((rule, Outcome.SUCCESS, ""))
-        return HttpAnswer(
-            response.status_code, list(response.headers.multi_items()), response.content
-        ).encode()
+        return HttpAnswer(reply.status, reply.headers, reply.body).encode()
 
     async def _rules(self, request: BusRequest) -> dict[str, object]:
         """The rules that concern the asking edge: its own edge-sourced rules and every REST-sourced one."""
@@ -487,7 +477,3 @@ def _outcome_of(reply: Envelope) -> tuple[Outcome, str]:
     if answer.status >= 400:
         return Outcome.FAIL, f"twin {reply.src}: the edge service answered {answer.status}"
     return Outcome.SUCCESS, ""
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__

@@ -24,7 +24,6 @@ import time
 import uuid
 from typing import Any
 
-import httpx
 import redis.asyncio as aioredis
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -42,6 +41,7 @@ from msgbusd.router.http_common import (
     METHODS,
     BodyTooLarge,
     HttpClients,
+    HttpFailed,
     answer_response,
     answer_too_large,
     error_answer,
@@ -335,21 +335,17 @@ class EdgeRouter:
             f"http://127.0.0.1:{port}{route.rule.target_resource['path']}", call.suffix, call.query
         )
         try:
-            response = await self._http.request(call.method, url, headers=call.headers, content=call.body)
-        except httpx.TimeoutException:
-            return error_answer(
-                504, f"the edge service at {url} did not answer within {self._settings.call_timeout_s:g}s"
-            )
-        except httpx.HTTPError as exc:
-            return error_answer(
-                502, f"the edge service at {url} cannot be reached: {str(exc) or type(exc).__name__}"
-            )
+            reply = await self._http.request(call.method, url, headers=call.headers, content=call.body)
+        except HttpFailed as exc:
+            if exc.timed_out:
+                return error_answer(504, f"the edge service at {url} did not answer: {exc}")
+            return error_answer(502, f"the edge service at {url} cannot be reached: {exc}")
         too_large = answer_too_large(
-            f"the edge service at {url}", len(response.content), self._settings.max_body_bytes
+            f"the edge service at {url}", len(reply.body), self._settings.max_body_bytes
         )
         if too_large is not None:
             return error_answer(502, too_large)
-        return HttpAnswer(response.status_code, list(response.headers.multi_items()), response.content)
+        return HttpAnswer(reply.status, reply.headers, reply.body)
 
     # --- eventbus->rest ----------------------------------------------------------------------------------
 
