@@ -38,7 +38,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from bench.rpc import cpu_seconds
 from msgbusd.local_mqtt import MosquittoProcess
 from msgbusd.local_sites import LocalCluster, free_port, port_open, wait_until
-from msgbusd.router import load_text, store
+from msgbusd.router import keys, load_text, store
 
 RULES = """
 apiVersion: rules.kubeedge.io/v1
@@ -120,7 +120,7 @@ def running() -> Iterator[Setup]:
 
 
 def _learned(edge: redis.Redis) -> int:
-    raw = edge.get("msgbus.router.learned")
+    raw = edge.get(keys.LEARNED)
     return -1 if raw is None else int(json.loads(raw)["version"])
 
 

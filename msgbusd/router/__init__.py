@@ -2,7 +2,13 @@
 
 ``rules`` (the model, one document at a time), ``loading`` (YAML files), ``validation`` (checks across
 objects), ``matching`` (REST paths and MQTT topics to rules, pure), ``keys`` and ``store`` (the catalog and
-the counters in the cloud site's Redis). The routing itself comes later, on top of these.
+the counters in the cloud site's Redis).
+
+The routing: ``routes`` (the catalog as the routers look things up in it), ``protocol`` (what the routers
+send each other over the bus), ``bus`` and ``commands`` (how they use the bus they run in), ``outcomes``
+(counting each message once), ``cloud`` and ``edge`` (the two roles), ``mqtt_bridge`` (the edge's broker),
+``http_common`` (their HTTP doors and calls), ``nodes`` (node names to twins), ``config`` and ``runtime``
+(starting them inside msgbusd).
 """
 
 from msgbusd.router.loading import load_files, load_text

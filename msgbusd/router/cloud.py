@@ -192,7 +192,11 @@ class CloudRouter:
             body = await read_body(request, self._settings.max_body_bytes)
         except BodyTooLarge as exc:
             return json_error(413, str(exc))
-        found = (await self._catalog.table()).rest(path) or (await self._catalog.table(fresh=True)).rest(path)
+        table = await self._catalog.table()
+        found = table.rest(path)
+        if found is None:  # perhaps a rule applied a moment ago
+            table = await self._catalog.table(fresh=True)
+            found = table.rest(path)
         if found is None:
             return json_error(404, f"no rule for path {path!r}", node=node)
         route, match = found
@@ -202,10 +206,9 @@ class CloudRouter:
             return json_error(404, str(exc), node=node, rule=route.rule.name)
         except ResolverError as exc:
             return json_error(503, f"cannot look up node {node!r}: {exc}", node=node, rule=route.rule.name)
-        version = (await self._catalog.table()).version
         if route.target.type is EVENTBUS:
-            return await self._publish(request, route, version, twin, node, match.suffix, body)
-        return await self._call(request, route, version, twin, node, match.suffix, body)
+            return await self._publish(request, route, table.version, twin, node, match.suffix, body)
+        return await self._call(request, route, table.version, twin, node, match.suffix, body)
 
     async def _publish(
         self, request: Request, route: Route, version: int, twin: int, node: str, suffix: str, body: bytes
