@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -111,6 +112,50 @@ async def test_wildcard_subscriptions_deliver_the_matching_topics_only(
 
     expected = [mqtt_names.topic(path) for path, matches in published.items() if matches]
     assert [topic for topic, _ in messages] == [*expected, mqtt_names.topic("alerts/last")]
+
+
+async def test_unsubscribed_filters_deliver_nothing_more(
+    mosquitto_server: MosquittoProcess, mqtt_names: MqttNames
+) -> None:
+    received = Received()
+    kept, dropped = mqtt_names.topic("kept"), mqtt_names.topic("dropped/#")
+    async with (
+        running_bridge(
+            mosquitto_server, mqtt_names.client_id("sub"), received, (kept, dropped)
+        ) as subscriber,
+        running_bridge(mosquitto_server, mqtt_names.client_id("pub")) as publisher,
+    ):
+        await subscriber.unsubscribe(dropped)
+        await publisher.publish(mqtt_names.topic("dropped/x"), b"not wanted")
+        # Messages reach one subscriber in the order published: once this one is in, the other would be.
+        await publisher.publish(kept, b"marker")
+        messages = await received.wait_for_count(1)
+    assert messages == [(kept, b"marker")]
+
+
+async def test_a_filter_dropped_while_disconnected_is_dropped_from_the_kept_session(
+    mosquitto_server: MosquittoProcess, mqtt_names: MqttNames
+) -> None:
+    received = Received()
+    kept, dropped = mqtt_names.topic("kept"), mqtt_names.topic("dropped")
+    async with (
+        running_bridge(
+            mosquitto_server, mqtt_names.client_id("sub"), received, (kept, dropped)
+        ) as subscriber,
+        running_bridge(mosquitto_server, mqtt_names.client_id("pub")) as publisher,
+    ):
+        # Cut the connection (the broker keeps the session, subscriptions included) and drop a filter
+        # before the bridge is back: it must tell the broker on the new connection.
+        sock = subscriber._client.socket()
+        assert isinstance(sock, socket.socket)
+        sock.shutdown(socket.SHUT_RDWR)
+        await wait_for(lambda: not subscriber.connected, what="the bridge to see the connection gone")
+        await subscriber.unsubscribe(dropped)
+        await subscriber.wait_connected(10.0)
+        await publisher.publish(dropped, b"not wanted")
+        await publisher.publish(kept, b"marker")
+        messages = await received.wait_for_count(1)
+    assert messages == [(kept, b"marker")]
 
 
 async def test_a_failed_callback_leaves_the_message_unacknowledged_and_the_broker_resends_it(

@@ -105,6 +105,8 @@ class EdgeRouter:
         self._cloud_name = settings.cloud
         self._cloud_twin: int | None = None
         self._table = RouteTable(Catalog(), -1)
+        # The MQTT filters subscribed to (as recorded in Redis: the broker keeps them across restarts).
+        self._subscribed: set[str] = set()
         self._waiters = bus.Waiters()
         self._replies = bus.ReplyList(Store(redis), EDGE_REPLIES, self._on_replies)
         self._refresh_lock = asyncio.Lock()
@@ -168,6 +170,9 @@ class EdgeRouter:
     # --- rules -------------------------------------------------------------------------------------------
 
     async def _load_learned(self) -> None:
+        subscribed = await self._redis.get(keys.SUBSCRIBED)
+        with contextlib.suppress(ValueError, TypeError):
+            self._subscribed = {str(f) for f in json.loads(subscribed or "[]")}
         raw = await self._redis.get(keys.LEARNED)
         if raw is None:
             return
@@ -247,14 +252,24 @@ class EdgeRouter:
             log.info("router: learnt %d rule(s), version %d", len(self._table.routes), self._table.version)
 
     async def _subscribe(self) -> None:
-        filters = self._table.subscriptions()
-        if self.mqtt is None or not filters:
+        """Subscribe to the topics of the eventbus rules, and drop the subscriptions of rules gone."""
+        if self.mqtt is None:
             return
+        wanted = self._table.subscriptions()
+        gone = sorted(self._subscribed - set(wanted))
         try:
-            await self.mqtt.subscribe(*filters)
+            # The bridge sends only the filters it does not have yet.
+            if wanted:
+                await self.mqtt.subscribe(*wanted)
+            if gone:
+                await self.mqtt.unsubscribe(*gone)
+                log.info("router: no rule takes %s any more: unsubscribed", ", ".join(gone))
         except MqttBridgeError as exc:
-            # The filters are sent again on every reconnect.
-            log.warning("router: subscribing to %s: %s", ", ".join(filters), exc)
+            # Subscriptions, and subscriptions to drop, are sent again on every reconnect.
+            log.warning("router: subscriptions to %s: %s", ", ".join([*wanted, *gone]), exc)
+        if set(wanted) != self._subscribed:
+            await self._redis.set(keys.SUBSCRIBED, json.dumps(wanted))
+            self._subscribed = set(wanted)
 
     async def _route(self, name: str, version: int, kind: tuple[EndpointType, EndpointType]) -> Route:
         route = self._table.route(name)

@@ -65,6 +65,11 @@ DELIVERY_SCHEDULE = "msgbus.router.deliveries.due"
 LEARNED = "msgbus.router.learned"
 
 
+# string: JSON list of the MQTT filters the edge subscribed to for its rules, so that it can drop those
+# of rules gone meanwhile (its broker keeps them across restarts).
+SUBSCRIBED = "msgbus.router.subscribed"
+
+
 def call_done(message_id: str) -> str:
     """string, TTL 1 day: a rest->servicebus call this edge started (``running``) or made (its answer), so
     that a message delivered again is never executed again."""

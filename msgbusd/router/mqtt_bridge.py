@@ -35,6 +35,7 @@ Errors (``MqttBridgeError``)::
     PublishRefused    paho or the broker refused the message     retrying as is cannot help
     PublishTimeout    no acknowledgement in time                 delivery unknown; a retry may duplicate
     SubscribeFailed   the broker refused a filter, or no SUBACK  the filter is still sent on every reconnect
+                      (or UNSUBACK)
     BridgeClosed      the bridge is closed
 """
 
@@ -183,7 +184,11 @@ class MqttBridge:
         self._client.on_message = self._paho_message
         self._client.on_publish = self._paho_published
         self._client.on_subscribe = self._paho_subscribed
+        self._client.on_unsubscribe = self._paho_unsubscribed
         self._filters: tuple[str, ...] = ()
+        # Filters given up whose UNSUBACK has not come: sent again on every connection (the broker keeps
+        # the subscriptions of a kept session).
+        self._dropped_filters: tuple[str, ...] = ()
         # Connections are numbered from 1 in paho's thread; 0: none yet.
         self._paho_connection = 0
         # The asyncio side's view: the connection that is up (None: none) and the one given up on.
@@ -195,6 +200,7 @@ class MqttBridge:
         # mid -> what the broker answered: None when it accepted, else why it refused.
         self._pending_publishes: dict[int, asyncio.Future[str | None]] = {}
         self._pending_subscribes: dict[int, asyncio.Future[str | None]] = {}
+        self._pending_unsubscribes: dict[int, asyncio.Future[str | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -237,6 +243,7 @@ class MqttBridge:
         if not new:
             return
         self._filters = (*self._filters, *new)
+        self._dropped_filters = tuple(f for f in self._dropped_filters if f not in new)
         rc, mid = self._client.subscribe([(f, 1) for f in new])
         if rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
             return
@@ -253,6 +260,36 @@ class MqttBridge:
             self._pending_subscribes.pop(mid, None)
         if refusal is not None:
             raise SubscribeFailed(new, refusal)
+
+    async def unsubscribe(self, *topic_filters: str) -> None:
+        """Stop receiving on ``topic_filters``; returns once the broker acknowledged it (UNSUBACK), waiting
+        for a connection if there is none. On ``SubscribeFailed`` the filters are still dropped: the bridge
+        tells the broker again on every connection until it has acknowledged."""
+        self._check_open()
+        gone = tuple(dict.fromkeys(topic_filters))
+        if not gone:
+            return
+        self._filters = tuple(f for f in self._filters if f not in gone)
+        self._dropped_filters = (*(f for f in self._dropped_filters if f not in gone), *gone)
+        timeout_s = self._settings.subscribe_timeout_s
+        mid: int | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._connected.wait()
+                rc, mid = self._client.unsubscribe(list(gone))
+                if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+                    raise SubscribeFailed(gone, error_string(rc))
+                answer: asyncio.Future[str | None] = self._running_loop().create_future()
+                self._pending_unsubscribes[mid] = answer
+                refusal = await answer
+        except TimeoutError as exc:
+            raise SubscribeFailed(gone, f"no UNSUBACK within {timeout_s}s") from exc
+        finally:
+            if mid is not None:
+                self._pending_unsubscribes.pop(mid, None)
+        if refusal is not None:
+            raise SubscribeFailed(gone, refusal)
+        self._dropped_filters = tuple(f for f in self._dropped_filters if f not in gone)
 
     async def publish(self, topic: str, payload: bytes, qos: int = 1) -> None:
         """Publish ``payload`` on ``topic``; return once the broker acknowledged it (at once for QoS 0)."""
@@ -299,7 +336,8 @@ class MqttBridge:
         self._client.disconnect()
         await asyncio.to_thread(self._client.loop_stop)
         self._connected.clear()
-        for waiting in (*self._pending_publishes.values(), *self._pending_subscribes.values()):
+        pending = (self._pending_publishes, self._pending_subscribes, self._pending_unsubscribes)
+        for waiting in (future for answers in pending for future in answers.values()):
             if not waiting.done():
                 waiting.set_exception(BridgeClosed())
 
@@ -449,6 +487,8 @@ class MqttBridge:
         self._paho_connection += 1
         if self._filters:
             client.subscribe([(f, 1) for f in self._filters])
+        if self._dropped_filters:
+            client.unsubscribe(list(self._dropped_filters))
         self._to_loop(self._connection_up, self._paho_connection, flags.session_present)
 
     def _paho_disconnected(
@@ -475,6 +515,12 @@ class MqttBridge:
         self, client: Client, userdata: Any, mid: int, reason: ReasonCode, props: Properties
     ) -> None:
         self._to_loop(self._answer, self._pending_publishes, mid, str(reason) if reason.is_failure else None)
+
+    def _paho_unsubscribed(
+        self, client: Client, userdata: Any, mid: int, reasons: list[ReasonCode], props: Properties | None
+    ) -> None:
+        refused = [str(reason) for reason in reasons if reason.is_failure]
+        self._to_loop(self._answer, self._pending_unsubscribes, mid, "; ".join(refused) if refused else None)
 
     def _paho_subscribed(
         self, client: Client, userdata: Any, mid: int, reasons: list[ReasonCode], props: Properties | None
