@@ -940,3 +940,37 @@ spec:
     shown = msgbus("status", "cli-rule")
     assert shown.returncode == 0, shown.stderr
     assert "success:    1\nfail:       0\n" in shown.stdout
+
+
+def test_an_edge_follows_a_catalog_started_anew(http: httpx.Client) -> None:
+    # Sites of their own: the cloud's Redis is wiped.
+    sites = RouterSites(names=("cloud", "edge-anew")).start()
+    try:
+        node = sites.node()
+        for index in range(3):
+            sites.apply(
+                endpoints_yaml()
+                + rule_yaml(f"e2e-old-{index}", "rest", f"{{path: /old{index}}}", "eventbus", "{topic: old}")
+            )
+        assert sites.learned_version() == 3
+
+        def learnt_rules() -> set[str]:
+            with sites.edge_redis() as edge:
+                learned = json.loads(edge.get(keys.LEARNED) or "{}")
+            return {doc["metadata"]["name"] for doc in learned.get("objects", []) if doc["kind"] == "Rule"}
+
+        # The cloud's Redis is wiped and the rules written again: the catalog's version starts from 1.
+        with sites.cloud_redis() as cloud:
+            cloud.flushall()
+        sites.apply(
+            endpoints_yaml()
+            + rule_yaml("e2e-anew", "rest", "{path: /anew}", "eventbus", "{topic: e2e/anew}"),
+            wait_edges=False,
+        )
+        waited(sites, lambda: learnt_rules() == {"e2e-anew"}, 20, "the edge to take the new catalog")
+        with MqttClient(sites.brokers[0].port, "e2e/anew") as client:
+            assert http.post(sites.rest_url(node, "/anew"), content=b"again").status_code == 202
+            waited(sites, lambda: bool(client.received), 20, "the message of the new catalog")
+        assert http.post(sites.rest_url(node, "/old0"), content=b"gone").status_code == 404
+    finally:
+        shut_down(sites)

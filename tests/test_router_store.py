@@ -41,12 +41,15 @@ def test_apply_creates_then_reports_unchanged_then_replaced(sync_redis: redis.Re
         ("Rule", "my-rule", "created"),
     ]
     assert store.catalog_version(sync_redis) == 1
+    epoch = sync_redis.get(keys.EPOCH)
+    assert epoch is not None and len(epoch) == 32, "the catalog's first change names it"
     assert [c.action for c in store.apply(sync_redis, objects)] == [Action.UNCHANGED] * 3
     assert store.catalog_version(sync_redis) == 1  # nothing written, nothing bumped
 
     changes = store.apply(sync_redis, load_text(RULE_TEXT.format(path="/b/{id}"), "edit.yaml"))
     assert actions(changes) == [("Rule", "my-rule", "replaced")]
     assert store.catalog_version(sync_redis) == 2
+    assert sync_redis.get(keys.EPOCH) == epoch, "later changes keep its name"
     rule = store.get(sync_redis, "my-rule")
     assert isinstance(rule, Rule) and rule.source_resource == {"path": "/b/{id}"}
 

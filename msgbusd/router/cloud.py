@@ -100,6 +100,7 @@ class CatalogCache:
         self._redis = redis
         self._check_s = check_s
         self._table = RouteTable(Catalog(), -1)
+        self.epoch = ""
         self._checked_at = -float("inf")
 
     async def table(self, *, fresh: bool = False) -> RouteTable:
@@ -107,16 +108,18 @@ class CatalogCache:
         if not fresh and now - self._checked_at < self._check_s:
             return self._table
         self._checked_at = now
-        version = int(await self._redis.get(keys.VERSION) or 0)
-        if version == self._table.version:
+        version, epoch = await self._redis.mget(keys.VERSION, keys.EPOCH)
+        if int(version or 0) == self._table.version and _text(epoch) == self.epoch:
             return self._table
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys.ENDPOINTS)
             pipe.hgetall(keys.RULES)
             pipe.get(keys.VERSION)
-            endpoints, rules, stored_version = await pipe.execute()
+            pipe.get(keys.EPOCH)
+            endpoints, rules, stored_version, epoch = await pipe.execute()
         try:
             self._table = RouteTable(decode_catalog(endpoints, rules), int(stored_version or 0))
+            self.epoch = _text(epoch)
         except StoreError as exc:
             log.error("router: keeping the rules read before: %s", exc)
         return self._table
@@ -463,6 +466,7 @@ class CloudRouter:
         objects = table.for_node(own)
         return {
             "version": table.version,
+            "epoch": self._catalog.epoch,
             "cloud": self._twin,
             "objects": [obj.to_document() for obj in objects],
         }
@@ -480,3 +484,7 @@ def _outcome_of(reply: Envelope) -> tuple[Outcome, str]:
     if answer.status >= 400:
         return Outcome.FAIL, f"twin {reply.src}: the edge service answered {answer.status}"
     return Outcome.SUCCESS, ""
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")

@@ -105,6 +105,7 @@ class EdgeRouter:
         self._cloud_name = settings.cloud
         self._cloud_twin: int | None = None
         self._table = RouteTable(Catalog(), -1)
+        self._epoch = ""
         # The MQTT filters subscribed to (as recorded in Redis: the broker keeps them across restarts).
         self._subscribed: set[str] = set()
         self._waiters = bus.Waiters()
@@ -186,12 +187,15 @@ class EdgeRouter:
         )
 
     def _learn(self, data: dict[str, Any]) -> bool:
-        """Take a rules answer of the cloud; False when it is older than what is known."""
+        """Take a rules answer of the cloud; False when it is older than what is known (a late answer).
+        A catalog started anew (another epoch) is taken whatever its version."""
         version = int(data["version"])
-        if version < self._table.version:
+        epoch = str(data.get("epoch") or "")
+        if epoch == self._epoch and version < self._table.version:
             return False
         objects = [parse_document(doc, FROM_CLOUD) for doc in data["objects"]]
         self._table = RouteTable(Catalog().merged(objects), version)
+        self._epoch = epoch
         return True
 
     async def refresh(self, timeout_s: float = REFRESH_TIMEOUT_S) -> bool:

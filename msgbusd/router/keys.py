@@ -14,6 +14,9 @@ RULES = "msgbus.router.rules"
 # string int: INCR in the same transaction as every change of ENDPOINTS or RULES, so that a reader can
 # tell cheaply whether its copy of the catalog is still current.
 VERSION = "msgbus.router.version"
+# string: a random id given to the catalog by its first change (SETNX), so that an edge can tell a catalog
+# started anew (a Redis wiped, versions counting from 1 again) from an older answer of the same one.
+EPOCH = "msgbus.router.epoch"
 
 # How many of a rule's latest errors are kept.
 LAST_ERRORS_KEPT = 20

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -146,6 +147,7 @@ def apply(redis: Redis, objects: Iterable[RouterObject]) -> list[Change]:
                     pipe.hset(_hash(obj.kind), obj.name, canonical_json(obj))
                 if written:
                     pipe.incr(keys.VERSION)
+                    pipe.setnx(keys.EPOCH, uuid.uuid4().hex)
                 pipe.execute()
                 return changes
             except WatchError:
