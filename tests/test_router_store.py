@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from msgbusd.router import keys, store
 from msgbusd.router.loading import load_files, load_text
+from msgbusd.router.outcomes import Outcome, Outcomes
 from msgbusd.router.rules import Rule, RuleEndpoint
 from msgbusd.router.store import Action
 from msgbusd.router.validation import ValidationError
@@ -113,8 +116,8 @@ def test_changing_an_endpoint_type_is_checked_against_the_rules_that_use_it(sync
     assert isinstance(endpoint, RuleEndpoint) and endpoint.type.value == "eventbus"
 
 
-def test_delete_refuses_an_endpoint_in_use_and_removes_a_rule_with_its_counters(
-    sync_redis: redis.Redis,
+async def test_delete_refuses_an_endpoint_in_use_and_removes_a_rule_with_its_counters(
+    sync_redis: redis.Redis, async_redis: aioredis.Redis
 ) -> None:
     store.apply(
         sync_redis, load_files([EXAMPLES / "rest-to-eventbus.yaml", EXAMPLES / "eventbus-to-rest.yaml"])
@@ -123,8 +126,10 @@ def test_delete_refuses_an_endpoint_in_use_and_removes_a_rule_with_its_counters(
         store.delete(sync_redis, "my-rest")
     assert str(caught.value) == "RuleEndpoint 'my-rest' is used by rules: my-rule, my-rule-eventbus-rest"
 
-    store.record_success(sync_redis, "my-rule")
-    store.record_failure(sync_redis, "my-rule", "edge broker refused", clock=lambda: 5.0)
+    outcomes = Outcomes(async_redis, clock=lambda: 5.0)
+    await outcomes.count("my-rule", Outcome.SUCCESS)
+    await outcomes.count("my-rule", Outcome.FAIL, "edge broker refused")
+    assert sync_redis.exists(keys.counters("my-rule"), keys.last_errors("my-rule")) == 2
     deleted = store.delete(sync_redis, "my-rule", "Rule")
     assert deleted.name == "my-rule"
     assert not sync_redis.exists(keys.counters("my-rule"), keys.last_errors("my-rule"))
@@ -162,10 +167,15 @@ spec: {source: twin, sourceResource: {path: /t}, target: bus, targetResource: {t
     assert isinstance(store.delete(sync_redis, "twin", "Rule"), Rule)
 
 
-def test_failures_keep_the_latest_errors_newest_first(sync_redis: redis.Redis) -> None:
+async def test_failures_keep_the_latest_errors_newest_first(
+    sync_redis: redis.Redis, async_redis: aioredis.Redis
+) -> None:
+    now = [100.0]
+    outcomes = Outcomes(async_redis, clock=lambda: now[0], keep_errors=3)
     for n in range(5):
-        store.record_failure(sync_redis, "r", f"error {n}", clock=lambda n=n: 100.0 + n, keep=3)
-    store.record_success(sync_redis, "r")
+        now[0] = 100.0 + n
+        await outcomes.count("r", Outcome.FAIL, f"error {n}")
+    await outcomes.count("r", Outcome.SUCCESS)
     status = store.rule_status(sync_redis, "r")
     assert (status.success, status.fail) == (1, 5)
     assert status.last_errors == [
@@ -176,22 +186,20 @@ def test_failures_keep_the_latest_errors_newest_first(sync_redis: redis.Redis) -
     assert store.rule_status(sync_redis, "never-used") == store.RuleStatus("never-used", 0, 0, [])
 
 
-def test_a_thousand_concurrent_records_from_threads_count_exactly(redis_url: str) -> None:
-    threads, per_thread = 8, 125  # 1,000 successes and 1,000 failures
-    barrier = threading.Barrier(threads)
+async def test_a_thousand_concurrent_records_from_several_clients_count_exactly(redis_url: str) -> None:
+    clients, per_client = 8, 125  # 1,000 successes and 1,000 failures
 
-    def record() -> None:
-        with redis.Redis.from_url(redis_url) as conn:
-            barrier.wait()
-            for n in range(per_thread):
-                store.record_success(conn, "busy")
-                store.record_failure(conn, "busy", f"e{n}")
+    async def record() -> None:
+        conn = aioredis.Redis.from_url(redis_url)
+        try:
+            outcomes = Outcomes(conn)
+            for n in range(per_client):
+                await outcomes.count("busy", Outcome.SUCCESS)
+                await outcomes.count("busy", Outcome.FAIL, f"e{n}")
+        finally:
+            await conn.aclose()
 
-    workers = [threading.Thread(target=record) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=60)
+    await asyncio.gather(*(record() for _ in range(clients)))
     with redis.Redis.from_url(redis_url) as conn:
         status = store.rule_status(conn, "busy")
         assert (status.success, status.fail) == (1000, 1000)

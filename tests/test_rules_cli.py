@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 import yaml
 from typer.testing import CliRunner
 
 from client.cli import app
-from msgbusd.router import keys, store
+from msgbusd.router import keys
+from msgbusd.router.outcomes import Outcome, Outcomes
 from tests.support.servers import free_port
 
 EXAMPLES = Path(__file__).parent / "router_examples"
@@ -100,12 +102,17 @@ def test_delete_refuses_an_endpoint_in_use(redis_url: str) -> None:
     assert (code, err) == (1, "error: no Rule or RuleEndpoint named 'my-rest'\n")
 
 
-def test_status_shows_counters_and_latest_errors(redis_url: str, sync_redis: redis.Redis) -> None:
+async def test_status_shows_counters_and_latest_errors(
+    redis_url: str, sync_redis: redis.Redis, async_redis: aioredis.Redis
+) -> None:
     rules(redis_url, "apply", "-f", REST_TO_EVENTBUS, "-f", EVENTBUS_TO_REST)
+    now = [1_700_000_000.0]
+    outcomes = Outcomes(async_redis, clock=lambda: now[0])
     for _ in range(3):
-        store.record_success(sync_redis, "my-rule")
-    store.record_failure(sync_redis, "my-rule", "edge node offline", clock=lambda: 1_700_000_000.0)
-    store.record_failure(sync_redis, "my-rule", "504 from the edge service", clock=lambda: 1_700_000_060.0)
+        await outcomes.count("my-rule", Outcome.SUCCESS)
+    await outcomes.count("my-rule", Outcome.FAIL, "edge node offline")
+    now[0] = 1_700_000_060.0
+    await outcomes.count("my-rule", Outcome.FAIL, "504 from the edge service")
     sync_redis.hincrby(keys.counters("my-rule"), "superseded", 4)
     sync_redis.hincrby(keys.counters("my-rule"), "retries", 5)
     code, out, _ = rules(redis_url, "status")

@@ -98,9 +98,15 @@ return record
 class Outcomes:
     """Counters and pending records of the rules router."""
 
-    def __init__(self, redis: aioredis.Redis, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        clock: Callable[[], float] = time.time,
+        keep_errors: int = keys.LAST_ERRORS_KEPT,
+    ) -> None:
         self._redis = redis
         self._clock = clock
+        self._keep_errors = keep_errors
         self._expect = redis.register_script(_EXPECT)
         self._settle = redis.register_script(_SETTLE)
 
@@ -162,9 +168,8 @@ class Outcomes:
     def _keys(uid: str) -> list[str]:
         return [keys.pending(uid), keys.early_outcome(uid)]
 
-    @staticmethod
-    def _prefixes() -> list[str | int]:
-        return [keys.counters(""), keys.last_errors(""), keys.LAST_ERRORS_KEPT]
+    def _prefixes(self) -> list[str | int]:
+        return [keys.counters(""), keys.last_errors(""), self._keep_errors]
 
     async def count(self, rule: str, outcome: Outcome, error: str = "") -> None:
         """Count one message of ``rule`` that had no pending record (handled where it was received)."""
@@ -177,7 +182,7 @@ class Outcomes:
                 pipe.hincrby(keys.counters(rule), outcome.value, 1)
                 if error:
                     pipe.lpush(keys.last_errors(rule), self._error_entry(error))
-                    pipe.ltrim(keys.last_errors(rule), 0, keys.LAST_ERRORS_KEPT - 1)
+                    pipe.ltrim(keys.last_errors(rule), 0, self._keep_errors - 1)
             await pipe.execute()
         return [None] * len(outcomes)
 
@@ -186,7 +191,7 @@ class Outcomes:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hincrby(keys.counters(rule), "retries", 1)
             pipe.lpush(keys.last_errors(rule), self._error_entry(error))
-            pipe.ltrim(keys.last_errors(rule), 0, keys.LAST_ERRORS_KEPT - 1)
+            pipe.ltrim(keys.last_errors(rule), 0, self._keep_errors - 1)
             await pipe.execute()
 
     def _error_entry(self, error: str) -> str:

@@ -5,7 +5,8 @@ Keys (all under ``msgbus.router.``):
 - ``msgbus.router.endpoints`` (hash): endpoint name -> the RuleEndpoint as KubeEdge-shaped JSON;
 - ``msgbus.router.rules`` (hash): rule name -> the Rule as KubeEdge-shaped JSON;
 - ``msgbus.router.version`` (string int): bumped by every change of the two hashes;
-- ``msgbus.router.counters.<rule>`` (hash): ``success`` and ``fail`` counts, HINCRBY only;
+- ``msgbus.router.counters.<rule>`` (hash): ``success`` and ``fail`` counts, HINCRBY only (written by the
+  router, :mod:`msgbusd.router.outcomes`);
 - ``msgbus.router.errors.<rule>`` (list): the latest errors as JSON ``{"at", "error"}``, newest first, capped.
 
 An apply is all or nothing: the two hashes are WATCHed, read, the union of stored and new objects is
@@ -16,9 +17,8 @@ is decided by ``plan_apply``, a pure function, so an async caller can reuse it w
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -184,28 +184,6 @@ def delete(redis: Redis, name: str, kind: str | None = None) -> RouterObject:
 
 def catalog_version(redis: Redis) -> int:
     return int(redis.get(keys.VERSION) or 0)
-
-
-def record_success(redis: Redis, rule: str) -> None:
-    """Count one message of ``rule`` delivered."""
-    redis.hincrby(keys.counters(rule), "success", 1)
-
-
-def record_failure(
-    redis: Redis,
-    rule: str,
-    error: str,
-    *,
-    clock: Callable[[], float] = time.time,
-    keep: int = keys.LAST_ERRORS_KEPT,
-) -> None:
-    """Count one message of ``rule`` failed and keep ``error`` among its latest ``keep`` errors."""
-    entry = json.dumps({"at": clock(), "error": error}, ensure_ascii=False)
-    with redis.pipeline(transaction=True) as pipe:
-        pipe.hincrby(keys.counters(rule), "fail", 1)
-        pipe.lpush(keys.last_errors(rule), entry)
-        pipe.ltrim(keys.last_errors(rule), 0, keep - 1)
-        pipe.execute()
 
 
 def rule_status(redis: Redis, name: str) -> RuleStatus:
