@@ -67,7 +67,7 @@ class Load:
                 ret = str(uuid.uuid4())
                 request = Envelope(cmd=CMD, dst=dst, ret=ret, dat=dat, exp=60, now=int(time.time())).encode()
                 started = time.perf_counter()
-                await conn.lpush(keys.LOCAL, request)
+                await conn.rpush(keys.LOCAL, request)
                 got = 0
                 deadline = started + self.timeout_s
                 while got < self.fanout and time.perf_counter() < deadline:

@@ -1,19 +1,22 @@
-"""The asyncio client: push a request to the local daemon and pop its replies (mirrors :mod:`client.sync`)."""
+"""The asyncio client: push a request to the local daemon, take its replies (mirrors :mod:`client.sync`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from client.protocol import (
     DEFAULT_REDIS_URL,
     DEFAULT_RETRIES,
-    Deadline,
     ReplyCollector,
+    ReplyTaker,
     build_request,
     call_timeout,
     destinations,
@@ -29,7 +32,11 @@ class AsyncClient:
 
     A connection made from a URL is closed by :meth:`aclose` (or on leaving an ``async with`` block); one
     passed in is left to its owner. ``timeout`` parameters are seconds, like the sync client's (the caller may
-    still wrap a call in ``asyncio.timeout``).
+    still wrap a call in ``asyncio.timeout``: a reply taken when it strikes stays in Redis for a later
+    :meth:`wait`).
+
+    Requests are RPUSHed and replies taken as by :class:`~client.sync.Client`: in order, and without losing
+    any to a lost connection, a Redis restart or a client that dies.
     """
 
     def __init__(self, redis: str | Redis = DEFAULT_REDIS_URL) -> None:
@@ -79,7 +86,8 @@ class AsyncClient:
         the daemon retries a failed delivery.
         """
         request = build_request(dst, cmd, data, exp=exp, retries=retries)
-        await self._redis.lpush(keys.LOCAL, request.encode())
+        # RPUSH: the daemon pops from the left, so requests are served in the order they were sent.
+        await self._redis.rpush(keys.LOCAL, request.encode())
         return request.ret
 
     async def wait(
@@ -89,10 +97,12 @@ class AsyncClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> list[Reply]:
-        """Pop ``count`` replies from return queue ``ret``, in arrival order.
+        """Take ``count`` replies from return queue ``ret``, in arrival order, starting with any that an
+        earlier wait took but did not return.
 
         ``timeout`` defaults to the default request lifetime (``math.inf`` waits forever); raises
-        :class:`~client.errors.CallTimeout` if fewer replies arrive in time.
+        :class:`~client.errors.CallTimeout` if fewer replies arrive in time, and ``redis``'s
+        ``ConnectionError`` if Redis does not answer at first or stays away until then.
         """
         return await self._collect(ReplyCollector(ret, count=count), wait_timeout(timeout))
 
@@ -110,12 +120,13 @@ class AsyncClient:
 
         ``timeout`` defaults to the request's lifetime plus a grace period. Replies carrying an error are
         returned, not raised; raises :class:`~client.errors.CallTimeout` if some twin does not answer in time
-        and :class:`~client.errors.ProtocolError` if a reply cannot be decoded.
+        and :class:`~client.errors.ProtocolError` if a reply cannot be decoded. A connection lost while
+        waiting is retried until the timeout.
         """
         twins = destinations(dst)
         seconds = call_timeout(timeout, exp)
         ret = await self.send(twins, cmd, data, exp=exp, retries=retries)
-        return await self._collect(ReplyCollector(ret, dst=twins), seconds)
+        return await self._collect(ReplyCollector(ret, dst=twins), seconds, fresh=True)
 
     async def call_one(
         self,
@@ -148,21 +159,21 @@ class AsyncClient:
         (reply,) = await self.call(dst, cmd, json.dumps(payload), exp=exp, retries=retries, timeout=timeout)
         return reply.raise_for_error().json()
 
-    async def _collect(self, collector: ReplyCollector, seconds: float) -> list[Reply]:
-        deadline = Deadline(
-            seconds, pop_chunk(self._redis.connection_pool.connection_kwargs.get("socket_timeout"))
-        )
-        while not collector.done:
-            chunk = deadline.next_chunk()
-            if chunk is None:
-                # Past the deadline: take only what is already there.
-                raw = await self._redis.rpop(collector.ret)
-                if raw is None:
-                    raise collector.timeout(seconds)
-                collector.add(cast(bytes | str, raw))
+    async def _collect(
+        self, collector: ReplyCollector, seconds: float, *, fresh: bool = False
+    ) -> list[Reply]:
+        socket_timeout = self._redis.connection_pool.connection_kwargs.get("socket_timeout")
+        taker = ReplyTaker(collector, seconds, pop_chunk(socket_timeout), fresh=fresh)
+        while not taker.finished:
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    taker.queue(pipe)
+                    results = await pipe.execute()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                delay = taker.retry_after(exc)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
                 continue
-            # The daemon LPUSHes replies: popping from the right takes them in arrival order.
-            popped = await self._redis.brpop([collector.ret], timeout=chunk)
-            if popped is not None:
-                collector.add(popped[1])
-        return collector.replies()
+            taker.take(results)
+        return taker.result()

@@ -1,19 +1,22 @@
-"""The blocking client: push a request to the local daemon and pop its replies."""
+"""The blocking client: push a request to the local daemon and take its replies."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from client.protocol import (
     DEFAULT_REDIS_URL,
     DEFAULT_RETRIES,
-    Deadline,
     ReplyCollector,
+    ReplyTaker,
     build_request,
     call_timeout,
     destinations,
@@ -29,6 +32,12 @@ class Client:
 
     A connection made from a URL is closed by :meth:`close` (or on leaving a ``with`` block); one passed in is
     left to its owner.
+
+    Requests are RPUSHed, so the daemon serves them in the order they were sent. Replies are moved into the
+    return queue's taken list before they are read, and removed from it only once returned (or carried by the
+    error raised), so a reply survives a lost connection, a Redis restart (with persistence) and a client that
+    dies: a later :meth:`wait` on the same return queue gets it. A connection lost while waiting is retried
+    until the wait's deadline; see :class:`~client.protocol.ReplyTaker`.
     """
 
     def __init__(self, redis: str | Redis = DEFAULT_REDIS_URL) -> None:
@@ -78,14 +87,17 @@ class Client:
         the daemon retries a failed delivery.
         """
         request = build_request(dst, cmd, data, exp=exp, retries=retries)
-        self._redis.lpush(keys.LOCAL, request.encode())
+        # RPUSH: the daemon pops from the left, so requests are served in the order they were sent.
+        self._redis.rpush(keys.LOCAL, request.encode())
         return request.ret
 
     def wait(self, ret: str, count: int = 1, *, timeout: float | None = None) -> list[Reply]:
-        """Pop ``count`` replies from return queue ``ret``, in arrival order.
+        """Take ``count`` replies from return queue ``ret``, in arrival order, starting with any that an
+        earlier wait took but did not return.
 
         ``timeout`` defaults to the default request lifetime (``math.inf`` waits forever); raises
-        :class:`~client.errors.CallTimeout` if fewer replies arrive in time.
+        :class:`~client.errors.CallTimeout` if fewer replies arrive in time, and ``redis``'s
+        ``ConnectionError`` if Redis does not answer at first or stays away until then.
         """
         return self._collect(ReplyCollector(ret, count=count), wait_timeout(timeout))
 
@@ -103,12 +115,13 @@ class Client:
 
         ``timeout`` defaults to the request's lifetime plus a grace period. Replies carrying an error are
         returned, not raised; raises :class:`~client.errors.CallTimeout` if some twin does not answer in time
-        and :class:`~client.errors.ProtocolError` if a reply cannot be decoded.
+        and :class:`~client.errors.ProtocolError` if a reply cannot be decoded. A connection lost while
+        waiting is retried until the timeout.
         """
         twins = destinations(dst)
         seconds = call_timeout(timeout, exp)
         ret = self.send(twins, cmd, data, exp=exp, retries=retries)
-        return self._collect(ReplyCollector(ret, dst=twins), seconds)
+        return self._collect(ReplyCollector(ret, dst=twins), seconds, fresh=True)
 
     def call_one(
         self,
@@ -141,21 +154,19 @@ class Client:
         (reply,) = self.call(dst, cmd, json.dumps(payload), exp=exp, retries=retries, timeout=timeout)
         return reply.raise_for_error().json()
 
-    def _collect(self, collector: ReplyCollector, seconds: float) -> list[Reply]:
-        deadline = Deadline(
-            seconds, pop_chunk(self._redis.connection_pool.connection_kwargs.get("socket_timeout"))
-        )
-        while not collector.done:
-            chunk = deadline.next_chunk()
-            if chunk is None:
-                # Past the deadline: take only what is already there.
-                raw = self._redis.rpop(collector.ret)
-                if raw is None:
-                    raise collector.timeout(seconds)
-                collector.add(cast(bytes | str, raw))
+    def _collect(self, collector: ReplyCollector, seconds: float, *, fresh: bool = False) -> list[Reply]:
+        socket_timeout = self._redis.connection_pool.connection_kwargs.get("socket_timeout")
+        taker = ReplyTaker(collector, seconds, pop_chunk(socket_timeout), fresh=fresh)
+        while not taker.finished:
+            try:
+                with self._redis.pipeline(transaction=False) as pipe:
+                    taker.queue(pipe)
+                    results = pipe.execute()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                delay = taker.retry_after(exc)
+                if delay is None:
+                    raise
+                time.sleep(delay)
                 continue
-            # The daemon LPUSHes replies: popping from the right takes them in arrival order.
-            popped = self._redis.brpop([collector.ret], timeout=chunk)
-            if popped is not None:
-                collector.add(popped[1])
-        return collector.replies()
+            taker.take(results)
+        return taker.result()

@@ -40,6 +40,13 @@ def uid_counter(dst: int) -> str:
     return f"msgbus.counter.{dst}"
 
 
+def taken_replies(ret: str) -> str:
+    """list: replies the client library moved out of return list ``ret`` (BLMOVE) and has not handed to its
+    caller yet; written and read by the client library only, so that a reply popped while Redis goes away is
+    found again. Lives as long as ``ret`` (RETURN_QUEUE_TTL_S after each move)."""
+    return f"{ret}.taken"
+
+
 def is_system_queue(key: str) -> bool:
     """True for ``msgbus.system.*``: never given a TTL, never a client's return list."""
     return key.startswith("msgbus.system.")
