@@ -16,10 +16,23 @@ class Backoff:
 
     def delay_s(self, failures: int) -> float:
         """Delay after the ``failures``-th consecutive failure (1 for the first)."""
+        return self.nominal_s(failures) * (1 + self.jitter * self.rng.random())
+
+    def nominal_s(self, failures: int) -> float:
+        """:meth:`delay_s` without the jitter."""
         if self.base_s <= 0:
             return 0.0
-        nominal = min(self.max_s, self.base_s * 2 ** max(0, failures - 1))
-        return float(nominal * (1 + self.jitter * self.rng.random()))
+        return float(min(self.max_s, self.base_s * 2 ** min(max(0, failures - 1), 64)))
+
+    def total_s(self, first: int, last: int) -> float:
+        """The nominal delays after failures ``first`` to ``last`` added up (0 when ``last < first``)."""
+        total = 0.0
+        for failures in range(max(first, 1), last + 1):
+            delay = self.nominal_s(failures)
+            if delay >= self.max_s:
+                return total + delay * (last - failures + 1)
+            total += delay
+        return total
 
 
 # Waiting for Redis to come back: fast at first, then every few seconds.

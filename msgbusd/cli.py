@@ -113,7 +113,23 @@ def main_command(
     ] = None,
     redis: Annotated[str, typer.Option(help="The site's Redis.")] = DEFAULT_REDIS_URL,
     listen: Annotated[str, typer.Option(help="HTTP address for other sites.")] = "[::]:8051",
-    workers: Annotated[int, typer.Option(min=1, help="Items handled at once per queue.")] = 1000,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Destination twins sent to at once (the others wait for a turn).")
+    ] = 1000,
+    redis_connections: Annotated[
+        int,
+        typer.Option(
+            min=4,
+            help="Connections to the site's Redis for the daemon's own work (they wait for a free one), and "
+            "as many again for the HTTP door.",
+        ),
+    ] = 64,
+    probe_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.01, help="Seconds between probes of a twin that does not answer (up to twice that)."
+        ),
+    ] = 1.0,
     log_level: Annotated[str, typer.Option(help="debug|info|warn|error|fatal|panic.")] = "info",
     send_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a POST to a peer may take.")] = 10.0,
     retry_delay: Annotated[
@@ -234,6 +250,8 @@ def main_command(
         listen_host=host,
         listen_port=port,
         workers=workers,
+        redis_connections=redis_connections,
+        probe_interval_s=probe_interval,
         log_level=log_level,
         send_timeout_s=send_timeout,
         retry_delay_s=retry_delay,

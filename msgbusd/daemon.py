@@ -33,6 +33,7 @@ from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
 from msgbusd.health import PeerHealth
 from msgbusd.http_api import Door, create_app, loopback_only
+from msgbusd.logs import about
 from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.outbox import CLAIM_BATCH, Outbox, SendItem
 from msgbusd.queues import Store
@@ -47,7 +48,8 @@ from twin_resolver.cache import CachedResolver
 
 log = logging.getLogger("msgbusd")
 
-PROBE_FLOOR_S = 0.05
+# A probe of a peer that does not answer waits at most this long (or --send-timeout, if shorter).
+PROBE_TIMEOUT_S = 5.0
 # Items taken from a queue in one go at most.
 POP_BATCH = 64
 
@@ -65,6 +67,8 @@ class Site:
     settings: Settings
     twin: int
     redis: aioredis.Redis
+    # The HTTP door's own connections: a burst of peers' messages cannot take the daemon's.
+    door_redis: aioredis.Redis
     http: httpx.AsyncClient
     store: Store
     outbox: Outbox
@@ -78,17 +82,21 @@ class Site:
 REDIS_KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
 
 
-def open_redis(settings: Settings, max_connections: int | None = None) -> aioredis.Redis:
-    """The daemon's Redis client. No socket timeout: redis-py would wrap every command in a timer (a third
-    of its cost per command), and blocking pops would need their own; TCP keepalive finds a dead host, and
-    /healthz (its ping has a deadline) reports a Redis that stopped answering."""
+def open_redis(settings: Settings, max_connections: int, wait_s: float | None = None) -> aioredis.Redis:
+    """A Redis client of the daemon with at most ``max_connections``; when all are in use, a command waits
+    for one (up to ``wait_s``, None: as long as it takes) instead of failing with "Too many connections".
+
+    No socket timeout: redis-py would wrap every command in a timer (a third of its cost per command), and
+    blocking pops would need their own; TCP keepalive finds a dead host, and /healthz (its ping has a
+    deadline) reports a Redis that stopped answering."""
     options: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": 5}
     options["health_check_interval"] = 30
-    if max_connections is not None:
-        options["max_connections"] = max_connections
     if not settings.redis_url.startswith("unix:"):
         options |= {"socket_keepalive": True, "socket_keepalive_options": REDIS_KEEPALIVE}
-    return aioredis.Redis.from_url(settings.redis_url, **options)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=max_connections, timeout=wait_s, **options
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -137,10 +145,11 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
-        self._scheduled = 0
         self._server: _Server | None = None
         self.ready = asyncio.Event()
-        self.senders = Senders(site.store, site.outbox, self._spawn, self._stopping)
+        self.senders = Senders(
+            site.store, site.outbox, self._spawn, self._stopping, workers=site.settings.workers
+        )
         self.handlers = Handlers(
             site.store, site.outbox, site.twin, self._kick_senders, site.clock, site.metrics, site.events
         )
@@ -155,7 +164,7 @@ class Daemon:
         metrics = self.site.metrics
         metrics.set_queue_lengths(await self.site.store.depths())
         metrics.set_inflight(len(self._inflight))
-        metrics.set_open_circuits(self.site.outbox.health.open_count())
+        metrics.set_peers_down(self.site.outbox.health.down_count())
 
     async def _health(self) -> dict[str, object]:
         problems: list[str] = []
@@ -264,40 +273,62 @@ class Daemon:
             with contextlib.suppress(RedisError):
                 await self.site.store.recover(queue)
 
-    def _spawn(
-        self,
-        work: Coroutine[Any, Any, None],
-        what: str,
-        done: Callable[[asyncio.Task[None]], None] | None = None,
-    ) -> None:
-        task = asyncio.create_task(self._guarded(work, what))
+    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.create_task(self._in_task(work, what))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
-        if done is not None:
-            task.add_done_callback(done)
 
-    async def _guarded(self, work: Coroutine[Any, Any, None], what: str) -> None:
+    async def _in_task(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        await self._guarded(work, what)
+
+    async def _guarded(self, work: Coroutine[Any, Any, None], what: str) -> bool:
+        """Run ``work``, logging what it raises; False if it did not complete."""
         try:
             await work
         except RedisError as exc:
+            self.site.metrics.error("redis")
             log.error("%s: redis failed (%s); the item stays queued for a later attempt", what, exc)
         except Exception:
             log.exception("%s: unexpected failure; the item stays queued", what)
+        else:
+            return True
+        return False
 
     async def _consume_in_order(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
-        """Take items in batches and handle each batch before the next, keeping queue order."""
+        """Take items in batches and handle each batch before the next, keeping queue order.
+
+        After a Redis failure, whatever is in the queue's processing list is taken back first: a pop whose
+        answer Redis did not send before it went away (a restart does not flush its answers) left items
+        there that this loop never saw, and so does a batch given up for Redis failing."""
         failures = 0
+        orphans = False
         while not self._stopping.is_set():
             self._beat(queue)
             try:
+                if orphans:
+                    await self._take_back(queue)
+                    orphans = False
                 batch = await self.site.store.take(queue, POP_BATCH, self.site.settings.pop_block_s)
             except (RedisError, OSError) as exc:
                 failures += 1
+                orphans = True
                 await self._pop_failed(queue, exc, failures)
                 continue
             failures = 0
             if batch:
-                await self._guarded(self._with_redis_retry(handle, batch), f"items from {queue}")
+                orphans = not await self._guarded(
+                    self._with_redis_retry(handle, batch), f"items from {queue}"
+                )
+
+    async def _take_back(self, queue: str) -> None:
+        taken_back = await self.site.store.recover(queue)
+        if taken_back:
+            log.warning(
+                "took back %d item(s) of %s that a lost Redis answer left in its processing list",
+                taken_back,
+                queue,
+                extra=about(queue=queue),
+            )
 
     async def _pop_failed(self, queue: str, exc: Exception, failures: int) -> None:
         delay = REDIS_RECONNECT.delay_s(failures)
@@ -323,26 +354,21 @@ class Daemon:
                 log.warning("redis unreachable while handling an item (%s); again in %.1fs", exc, delay)
                 await self._sleep_unless_stopping(delay)
 
-    def _spawn_scheduled(self, work: Coroutine[Any, Any, None]) -> None:
-        self._scheduled += 1
-        self._spawn(work, "scheduled send", done=self._scheduled_done)
-
-    def _scheduled_done(self, _task: asyncio.Task[None]) -> None:
-        self._scheduled -= 1
-
     async def _timers(self) -> None:
         outbox = self.site.outbox
         settings = self.site.settings
         while not self._stopping.is_set():
             self._beat("timers")
             try:
-                # Sends taken from the schedule are bounded like queue items: what cannot start now stays due.
-                free = settings.workers - self._scheduled
-                started = free > 0 and await outbox.run_due(self._spawn_scheduled, limit=free) == CLAIM_BATCH
+                # Re-sends go back to their destinations' senders, which send them in batches.
+                destinations, more_due = await outbox.release_due()
+                for dst in destinations:
+                    self.senders.kick(dst)
                 expired = await outbox.expire_due() == CLAIM_BATCH
-                if started or expired:
+                if more_due or expired:
                     continue  # more is due: go on without waiting for the next tick
             except (RedisError, OSError) as exc:
+                self.site.metrics.error("redis")
                 log.error("retry/expiry timer: redis failed (%s)", exc)
             await self._sleep_unless_stopping(settings.tick_s)
 
@@ -363,7 +389,7 @@ async def open_site(
     settings: Settings, signer: Signer, resolver: Resolver, clock: Callable[[], float] = time.time
 ) -> Site:
     """Connect to Redis, find our twin id, and wire the parts together."""
-    redis = open_redis(settings)
+    redis = open_redis(settings, settings.redis_connections)
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:
@@ -396,26 +422,30 @@ async def open_site(
     )
     # --max-message-size is the largest payload: HTTP bodies carry it base64-encoded in an envelope.
     max_body_bytes = envelope_size_limit(settings.max_message_bytes)
-    forwarder = Forwarder(http, resolver, signer, clock, metrics, max_batch_bytes=max_body_bytes)
-    # Probes of an absent peer are spaced like retries, but never closer than PROBE_FLOOR_S.
-    probe_backoff = Backoff(
-        max(settings.retry_delay_s, PROBE_FLOOR_S), max(settings.retry_max_delay_s, PROBE_FLOOR_S)
+    forwarder = Forwarder(
+        http,
+        resolver,
+        signer,
+        clock,
+        metrics,
+        max_batch_bytes=max_body_bytes,
+        probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
     )
-    health = PeerHealth(probe_backoff, probe_timeout_s=settings.send_timeout_s + 5.0)
+    health = PeerHealth(settings.probe_interval_s)
     outbox = Outbox(
         store,
         forwarder,
         twin,
         health,
-        send_timeout_s=settings.send_timeout_s,
         backoff=backoff,
         hold_offline=settings.hold_offline,
         clock=clock,
         metrics=metrics,
         events=events,
     )
+    door_redis = open_redis(settings, settings.redis_connections, wait_s=settings.door_redis_wait_s)
     door = Door(
-        store,
+        Store(door_redis),
         resolver,
         signer,
         settings.freshness_s,
@@ -426,12 +456,13 @@ async def open_site(
         max_message_bytes=max_body_bytes,
         rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
     )
-    return Site(settings, twin, redis, http, store, outbox, door, clock, metrics, events)
+    return Site(settings, twin, redis, door_redis, http, store, outbox, door, clock, metrics, events)
 
 
 async def close_site(site: Site) -> None:
     site.events.close()
     await site.http.aclose()
+    await site.door_redis.aclose()
     await site.redis.aclose()
 
 

@@ -23,7 +23,7 @@ RESERVED_COMMAND = "invalid command: msgbus.system.* lists belong to the daemon"
 
 
 # What kind of failure a delivery was, for metrics.
-DeliveryErrorKind = Literal["unreachable", "refused", "not_found", "other"]
+DeliveryErrorKind = Literal["unreachable", "busy", "refused", "not_found", "other"]
 
 
 class MsgbusError(Exception):
@@ -44,18 +44,40 @@ class DeliveryError(MsgbusError):
     """A POST to a peer did not get HTTP 200. ``cause`` is what the caller eventually reads.
 
     ``offline`` is True when the peer's site did not answer at all (no connection, timeout, cut connection,
-    or it said it cannot take messages now), as opposed to a site that refused this message.
+    or a 502/503/504 from something in front of it), as opposed to a site that refused this message.
+    ``retry_after_s`` is set when the site answered 503 with ``Retry-After``: it is up but cannot take
+    messages now (its Redis is away); sending again after that long is no new attempt. ``attempted`` is
+    False for messages of a send that stopped before their turn because the peer had stopped answering.
     """
 
     def __init__(
-        self, cause: str, *, offline: bool = False, kind: DeliveryErrorKind | None = None, final: bool = False
+        self,
+        cause: str,
+        *,
+        offline: bool = False,
+        kind: DeliveryErrorKind | None = None,
+        final: bool = False,
+        retry_after_s: float | None = None,
+        attempted: bool = True,
     ) -> None:
         super().__init__(cause)
         self.cause = cause
         self.offline = offline
         # Sending again cannot help (the peer refuses the message as too large): no retry is made.
         self.final = final
+        self.retry_after_s = retry_after_s
+        self.attempted = attempted
         self.kind: DeliveryErrorKind = kind or ("unreachable" if offline else "other")
+
+    def not_attempted(self) -> DeliveryError:
+        """The same error for a message that was not sent because of it."""
+        return DeliveryError(
+            self.cause,
+            offline=self.offline,
+            kind=self.kind,
+            retry_after_s=self.retry_after_s,
+            attempted=False,
+        )
 
 
 @dataclass(frozen=True)

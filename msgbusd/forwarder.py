@@ -26,6 +26,10 @@ REPLY_PATH = "/zbus-reply"
 BATCH_PATH = "/zbus-batch"
 # Answers of a site that is up but cannot take messages now (e.g. its Redis is down): like no answer.
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+# A probe of a site that is down: an empty batch (msgbus sites answer 200, go-rmb sites 404).
+EMPTY_BATCH = b'{"messages": []}'
+# The longest wait a peer's Retry-After can ask for.
+MAX_RETRY_AFTER_S = 10.0
 # How long a twin that does not take batches is sent one message per POST before asking again.
 LEGACY_RECHECK_S = 600.0
 
@@ -46,8 +50,10 @@ class Forwarder:
         metrics: Metrics | None = None,
         *,
         max_batch_bytes: int = 12 * 1024 * 1024,
+        probe_timeout_s: float = 5.0,
     ) -> None:
         self._http = http
+        self._probe_timeout_s = probe_timeout_s
         self._max_batch_bytes = max_batch_bytes
         self._resolver = resolver
         self._signer = signer
@@ -61,7 +67,21 @@ class Forwarder:
         url = await self._url(env.dst[0], path)
         response = await self._post(env.dst[0], url, self._sign(env).encode())
         if response.status_code != 200:
-            raise _refused(env.dst[0], response.status_code, _error_message(response))
+            raise _refused(env.dst[0], response)
+
+    async def probe(self, twin_id: int) -> DeliveryError | None:
+        """Whether ``twin_id``'s site answers, at the cost of one small POST: None if it does, else what
+        went wrong. Any answer but 502/503/504 counts (a go-rmb site answers the empty batch 404)."""
+        try:
+            url = await self._url(twin_id, BATCH_PATH)
+            response = await self._post(
+                twin_id, url, EMPTY_BATCH, timeout_s=self._probe_timeout_s, observed=False
+            )
+        except DeliveryError as exc:
+            return exc
+        if response.status_code in UNAVAILABLE_STATUSES:
+            return _refused(twin_id, response)
+        return None
 
     async def send_many(
         self, twin_id: int, items: Sequence[tuple[str, Envelope]]
@@ -92,8 +112,8 @@ class Forwarder:
                 results.append(None)
             except DeliveryError as exc:
                 results.append(exc)
-                if exc.offline:
-                    results += [exc] * (len(items) - index - 1)
+                if exc.offline or exc.retry_after_s is not None:
+                    results += [exc.not_attempted()] * (len(items) - index - 1)
                     break
         return results
 
@@ -109,9 +129,11 @@ class Forwarder:
             try:
                 results += await self._post_batch(twin_id, url, chunk)
             except DeliveryError as exc:
-                if exc.offline:
-                    # The twin stopped answering: what is left is not tried now.
-                    results += [exc] * (len(items) - len(results))
+                if exc.offline or exc.retry_after_s is not None:
+                    # The twin stopped answering, or asked to wait: what is left is not tried now.
+                    results += [exc] * len(chunk) + [exc.not_attempted()] * (
+                        len(items) - len(results) - len(chunk)
+                    )
                     break
                 results += [exc] * len(chunk)
         return results
@@ -121,7 +143,7 @@ class Forwarder:
         if response.status_code in (404, 405):
             raise _NoBatchEndpoint
         if response.status_code != 200:
-            raise _refused(twin_id, response.status_code, _error_message(response))
+            raise _refused(twin_id, response)
         try:
             answers = json.loads(response.content)["results"]
             statuses = [(int(a["status"]), str(a.get("message", ""))) for a in answers]
@@ -131,7 +153,7 @@ class Forwarder:
             raise DeliveryError(
                 f"twin {twin_id} answered {len(statuses)} results for {len(messages)} messages"
             )
-        return [None if status == 200 else _refused(twin_id, status, message) for status, message in statuses]
+        return [None if status == 200 else _refusal(twin_id, status, message) for status, message in statuses]
 
     def _sign(self, env: Envelope) -> Envelope:
         return self._signer.sign(env.replace(now=int(self._clock())))
@@ -148,13 +170,19 @@ class Forwarder:
         except ValueError as exc:
             raise DeliveryError(f"twin {twin_id} has an unusable address {twin.address!r}: {exc}") from exc
 
-    async def _post(self, twin_id: int, url: str, body: bytes) -> httpx.Response:
+    async def _post(
+        self, twin_id: int, url: str, body: bytes, *, timeout_s: float | None = None, observed: bool = True
+    ) -> httpx.Response:
         started = time.perf_counter()
         try:
-            response = await self._http.post(url, content=body)
-            self._metrics.observe_send(
-                "reply" if url.endswith(REPLY_PATH) else "remote", time.perf_counter() - started
-            )
+            if timeout_s is None:
+                response = await self._http.post(url, content=body)
+            else:
+                response = await self._http.post(url, content=body, timeout=timeout_s)
+            if observed:
+                self._metrics.observe_send(
+                    "reply" if url.endswith(REPLY_PATH) else "remote", time.perf_counter() - started
+                )
             return response
         except httpx.TimeoutException as exc:
             raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
@@ -182,7 +210,19 @@ class _NoBatchEndpoint(Exception):
     """The peer answered 404/405 to a batch: it is not a msgbus site."""
 
 
-def _refused(twin_id: int, status: int, message: str) -> DeliveryError:
+def _refused(twin_id: int, response: httpx.Response) -> DeliveryError:
+    status = response.status_code
+    retry_after_s = _retry_after_s(response) if status == HTTPStatus.SERVICE_UNAVAILABLE else None
+    return _refusal(twin_id, status, _error_message(response), retry_after_s)
+
+
+def _refusal(twin_id: int, status: int, message: str, retry_after_s: float | None = None) -> DeliveryError:
+    if retry_after_s is not None:
+        return DeliveryError(
+            f"twin {twin_id} cannot take messages now: {status} {message}",
+            kind="busy",
+            retry_after_s=retry_after_s,
+        )
     offline = status in UNAVAILABLE_STATUSES
     return DeliveryError(
         f"twin {twin_id} refused the message: {status} {message}",
@@ -190,6 +230,19 @@ def _refused(twin_id: int, status: int, message: str) -> DeliveryError:
         kind="unreachable" if offline else "refused",
         final=status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     )
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """A 503's ``Retry-After`` in seconds (the delay form; a date is read as "soon"), capped so that a
+    peer cannot park our messages for long."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def _describe(exc: httpx.HTTPError) -> str:

@@ -45,6 +45,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024
 
 log = logging.getLogger("msgbusd.http")
 
+# What a peer is told to wait before sending again when this site's Redis cannot take its message.
+REDIS_RETRY_AFTER_S = 1
+
 ACCEPTED_BODY = b'{"status": "accepted"}'
 JSON_TYPE = "application/json"
 
@@ -211,11 +214,11 @@ def create_app(door: Door, extra_routes: Sequence[Route] = ()) -> Starlette:
         return Response(json.dumps(items), 200, media_type=JSON_TYPE)
 
     routes = [
-        Route("/zbus-remote", _Endpoint(remote)),
-        Route("/zbus-reply", _Endpoint(reply)),
-        Route("/zbus-cmd", _Endpoint(cmd)),
-        Route("/zbus-result", _Endpoint(result)),
-        Route(BATCH_PATH, _Endpoint(batch)),
+        Route("/zbus-remote", _Endpoint(remote, door.metrics)),
+        Route("/zbus-reply", _Endpoint(reply, door.metrics)),
+        Route("/zbus-cmd", _Endpoint(cmd, door.metrics)),
+        Route("/zbus-result", _Endpoint(result, door.metrics)),
+        Route(BATCH_PATH, _Endpoint(batch, door.metrics)),
         Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         *extra_routes,
     ]
@@ -344,8 +347,9 @@ def _accepted() -> Response:
 class _Endpoint:
     """Wrap ``handler`` as a plain ASGI app (not a function), so starlette routes every HTTP method to it."""
 
-    def __init__(self, handler: Callable[[Request], Awaitable[Response]]) -> None:
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]], metrics: Metrics) -> None:
         self._handler = handler
+        self._metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -355,10 +359,13 @@ class _Endpoint:
             log.info("refused %s %s: %s", request.method, request.url.path, exc.message)
             response = Response(http_error_body(exc.message), exc.status, media_type=JSON_TYPE)
         except RedisError as exc:
+            # The sender keeps the message and sends it again after Retry-After, without spending a try.
             log.error("redis failed while handling %s: %s", request.url.path, exc)
+            self._metrics.error("redis")
             response = Response(
                 http_error_body(f"couldn't queue the message, the site's redis failed: {exc}"),
                 503,
+                headers={"Retry-After": str(REDIS_RETRY_AFTER_S)},
                 media_type=JSON_TYPE,
             )
         await response(scope, receive, send)

@@ -60,9 +60,9 @@ def processing(queue: str) -> str:
     return f"{queue}.processing"
 
 
-# zset: member "req:<uid>" (a request's re-send) or "rep:<key>" (a reply to forward) -> unix time (float s)
-# when that send is next due. A send in flight is leased by pushing its due time past the HTTP timeout, so
-# a crash mid-send is retried later.
+# zset: member "req:<uid>" (a request's re-send) or "rep:<key>" (a reply's) -> unix time (float s) when it is
+# due, after a failure of that message (a refusal, not its peer being down). When due, the retry timer moves
+# it to its destination's send queue, in one script.
 OUTBOX = "msgbus.system.outbox"
 # set: destination twins whose send queue is not empty; read at start-up to resume sending.
 DESTINATIONS = "msgbus.system.destinations"
@@ -83,6 +83,10 @@ DEAD_LETTER = "msgbus.system.deadletter"
 DEAD_LETTER_MAX = 10_000
 
 
+# What every send queue's name starts with (the retry timer's script appends the destination).
+SEND_QUEUE_PREFIX = "msgbus.system.send."
+
+
 def send_queue(dst: int) -> str:
     """list: requests (``req:<uid>``) and replies (``rep:<key>``) to twin ``dst`` not yet sent once, in the
     order they were accepted.
@@ -90,7 +94,16 @@ def send_queue(dst: int) -> str:
     The daemon's sender for ``dst`` reads the first entries, sends them, then pops them: a crash in between
     re-sends them, which the receiver's de-duplication absorbs.
     """
-    return f"msgbus.system.send.{dst}"
+    return f"{SEND_QUEUE_PREFIX}{dst}"
+
+
+def give_up(dst: int) -> str:
+    """zset: send-queue entries (``req:<uid>``, ``rep:<key>``) waiting for twin ``dst`` while it is down ->
+    unix time (s) when each gives up if it is still down then: a request when its remaining tries, spaced by
+    its backoff, would have run out (not with --hold-offline), a reply at its request's deadline. Written and
+    read by ``dst``'s sender while ``dst`` is down; deleted when ``dst`` answers again.
+    """
+    return f"msgbus.system.giveup.{dst}"
 
 
 def seen(src: int, seen_id: str) -> str:

@@ -2,7 +2,7 @@
 
 Each :class:`Metrics` owns its own registry (never prometheus-client's global one), so several daemons, or
 tests, can live in one process. Counters and histograms are updated where things happen; the gauges (queue
-lengths, in-flight work, open circuits) are set by the daemon's ``refresh`` hook, awaited at each scrape.
+lengths, in-flight work, peers down) are set by the daemon's ``refresh`` hook, awaited at each scrape.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ MessageEvent = Literal[
     "reply_sent",  # a local service's reply POSTed back to the twin that asked
     "delivered_to_caller",  # a reply or an error pushed onto a caller's return queue
     "retried",  # a re-send after a failed attempt
+    "probed",  # a probe of a peer that is down
     "expired",  # a request whose lifetime ended without a reply
     "failed",  # a request whose tries are all spent
     "rejected",  # an invalid request or a refused HTTP call
@@ -43,6 +44,7 @@ MessageEvent = Literal[
 ]
 ErrorCause = Literal[
     "unreachable",
+    "busy",
     "refused",
     "not_found",
     "invalid",
@@ -78,7 +80,7 @@ class Metrics:
     """The metrics of one daemon, in a registry of their own.
 
     ``refresh`` (also settable later through the attribute) is awaited before each scrape to set the gauges,
-    typically with :meth:`set_queue_lengths`, :meth:`set_inflight` and :meth:`set_open_circuits`.
+    typically with :meth:`set_queue_lengths`, :meth:`set_inflight` and :meth:`set_peers_down`.
     """
 
     def __init__(
@@ -112,8 +114,8 @@ class Metrics:
             registry=reg,
         )
         self.inflight = Gauge("msgbus_inflight", "Items being handled right now.", registry=reg)
-        self.open_circuits = Gauge(
-            "msgbus_open_circuits", "Peers whose circuit is open (their site does not answer).", registry=reg
+        self.peers_down = Gauge(
+            "msgbus_peers_down", "Peers whose site does not answer (probed until it does).", registry=reg
         )
         self.refresh_ok = Gauge(
             "msgbus_refresh_ok",
@@ -162,9 +164,9 @@ class Metrics:
         """Set the number of items being handled."""
         self.inflight.set(count)
 
-    def set_open_circuits(self, count: int) -> None:
-        """Set the number of peers whose circuit is open."""
-        self.open_circuits.set(count)
+    def set_peers_down(self, count: int) -> None:
+        """Set the number of peers whose site does not answer."""
+        self.peers_down.set(count)
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition text and its content type; ``accept`` (an Accept header) may ask for OpenMetrics."""

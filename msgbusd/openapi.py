@@ -50,7 +50,10 @@ DOOR_ERRORS = {
     "413": _error("the body is over the site's --max-message-size (refused before it is read)"),
     "429": _error("the source twin is over its --rate-limit"),
     "502": _error("couldn't get the source twin's public key (the twin source did not answer)"),
-    "503": _error("couldn't queue the message: the site's Redis failed"),
+    "503": _error(
+        "couldn't queue the message: the site's Redis failed; Retry-After says when to send it again "
+        "(that is no failed attempt)"
+    ),
 }
 ACCEPTED = _json({"type": "object", "properties": {"status": {"const": "accepted"}}}, "accepted: queued once")
 LOCAL_ONLY = {"403": _error("only served to clients on this machine")}

@@ -1,8 +1,9 @@
-"""Sending requests and replies to other sites, retrying what failed, and expiring what waited too long.
+"""Sending requests and replies to other sites: what goes on the wire, what a failure means, and expiry.
 
-First attempts of requests go out in order through each destination's send queue (:mod:`msgbusd.senders`).
-Re-sends and replies to forward live in the outbox sorted set by due time; a send in flight is leased (its
-due time pushed past the HTTP timeout), so if the daemon dies mid-send the timer takes it up again later.
+Every send to a destination goes through its send queue and its sender (:mod:`msgbusd.senders`), in
+batches and in order. A message that fails on its own (a refusal, not its peer being down) is scheduled in
+the outbox sorted set with its backoff; when it is due, the retry timer moves it back to its send queue.
+Messages whose peer is down wait in the send queue (see :mod:`msgbusd.waiting`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from msgbusd import event_schema as ev
 from msgbusd import keys
@@ -24,14 +24,12 @@ from msgbusd.forwarder import REMOTE_PATH, REPLY_PATH, Forwarder
 from msgbusd.health import PeerHealth
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
-from msgbusd.queues import Outcome, Store, reply_member, request_member
+from msgbusd.queues import Outcome, Store
 
 log = logging.getLogger("msgbusd.outbox")
 
-# Members claimed per timer tick; the rest wait for the next tick.
+# Re-sends released, or deadlines expired, per timer round; a full round is followed by another at once.
 CLAIM_BATCH = 500
-
-Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 def destination_of(uid: str) -> int | None:
@@ -54,6 +52,8 @@ class SendItem:
     envelope: Envelope
     original: Envelope | None = None
     state: dict[str, float] | None = None
+    # A request's failed attempts before this send.
+    failures: int = 0
 
     @property
     def uid(self) -> str:
@@ -72,7 +72,6 @@ class Outbox:
         twin: int,
         health: PeerHealth,
         *,
-        send_timeout_s: float,
         backoff: Backoff,
         hold_offline: bool = False,
         clock: Callable[[], float] = time.time,
@@ -86,25 +85,26 @@ class Outbox:
         self._twin = twin
         self.health = health
         self.hold_offline = hold_offline
-        self._lease_s = send_timeout_s + 5.0
-        self._backoff = backoff
+        self.backoff = backoff
         self._clock = clock
-
-    def lease_until(self) -> float:
-        return self._clock() + self._lease_s
 
     # --- first attempts, in batches (see msgbusd.senders) ------------------------------------------------
 
     async def prepare(self, entries: list[str]) -> list[SendItem]:
         """The send-queue entries that still have something to send (finished ones are left out)."""
+        loaded = await self._store.load_entries(entries)
+        uids = [e.removeprefix(keys.REQUEST_PREFIX) for e in entries if e.startswith(keys.REQUEST_PREFIX)]
+        failures = dict(zip(uids, await self._store.failures_of(uids), strict=True))
         items = []
-        for entry, (first, second) in zip(entries, await self._store.load_entries(entries), strict=True):
-            item = await self._item(entry, first, second)
+        for entry, (first, second) in zip(entries, loaded, strict=True):
+            item = await self._item(entry, first, second, failures)
             if item is not None:
                 items.append(item)
         return items
 
-    async def _item(self, entry: str, first: bytes | None, second: bytes | None) -> SendItem | None:
+    async def _item(
+        self, entry: str, first: bytes | None, second: bytes | None, failures: dict[str, int]
+    ) -> SendItem | None:
         if entry.startswith(keys.REPLY_PREFIX):
             key = entry.removeprefix(keys.REPLY_PREFIX)
             if first is None:
@@ -118,11 +118,15 @@ class Outbox:
             return self.reply_item(key, env, json.loads(second) if second else {})
         uid = entry.removeprefix(keys.REQUEST_PREFIX)
         original = await self._original_from(uid, first)
-        return None if original is None else self.request_item(uid, original)
+        return None if original is None else self.request_item(uid, original, failures.get(uid, 0))
 
-    def request_item(self, uid: str, original: Envelope) -> SendItem:
+    def request_item(self, uid: str, original: Envelope, failures: int = 0) -> SendItem:
         return SendItem(
-            keys.REQUEST_PREFIX + uid, REMOTE_PATH, self.forwarded_copy(original, uid, 0), original=original
+            keys.REQUEST_PREFIX + uid,
+            REMOTE_PATH,
+            self.forwarded_copy(original, uid, failures),
+            original=original,
+            failures=failures,
         )
 
     @staticmethod
@@ -130,19 +134,16 @@ class Outbox:
         return SendItem(keys.REPLY_PREFIX + key, REPLY_PATH, env, state=state)
 
     async def send_items(self, dst: int, items: list[SendItem]) -> list[DeliveryError | None]:
-        """Send a batch to ``dst``, keeping the peer's health up to date."""
+        """Send a batch to ``dst``; one result per item (None: the peer has it)."""
         started_at, started = self._clock(), time.perf_counter()
         results = await self._forwarder.send_many(dst, [(item.path, item.envelope) for item in items])
         duration_us = _micros_since(started)
         for item, error in zip(items, results, strict=True):
+            if error is not None and not error.attempted:
+                continue
             if error is not None:
                 self.metrics.error(error.kind)
             self._record_send(item, error, started_at, duration_us)
-        offline = next((r for r in results if r is not None and r.offline), None)
-        if offline is not None:
-            self.health.unreachable(dst, offline.cause)
-        elif any(r is None for r in results):
-            self.health.succeeded(dst)
         return results
 
     def _record_send(
@@ -224,30 +225,11 @@ class Outbox:
             sig="",
         )
 
-    async def deliver(self, uid: str, original: Envelope, failures: int) -> DeliveryError | None:
-        """One send of request ``uid``; returns what went wrong, or None once the peer has it."""
-        env = self.forwarded_copy(original, uid, failures)
-        dst = env.dst[0]
-        started_at, started = self._clock(), time.perf_counter()
-        try:
-            await self._forwarder.send(env, REMOTE_PATH)
-        except DeliveryError as exc:
-            if exc.offline:
-                self.health.unreachable(dst, exc.cause)
-            self.metrics.error(exc.kind)
-            self._record_attempt(True, env, failures + 1, started_at, _micros_since(started), exc)
-            return exc
-        self._record_attempt(True, env, failures + 1, started_at, _micros_since(started), None)
-        self.health.succeeded(dst)
-        self.metrics.message("sent")
-        log.debug(
-            "sent request uid=%s cmd=%s to twin %s",
-            uid,
-            env.cmd,
-            dst,
-            extra=about(uid=uid, cmd=env.cmd, dst=dst),
-        )
-        return None
+    async def probe(self, dst: int) -> DeliveryError | None:
+        """One cheap request to ``dst``'s site: None if it answers."""
+        error = await self._forwarder.probe(dst)
+        self.metrics.message("probed")
+        return error
 
     def unreachable_cause(self, dst: int) -> str:
         return f"twin {dst} is unreachable ({self.health.last_cause(dst)})"
@@ -258,7 +240,7 @@ class Outbox:
         failures = await self._store.record_failure(uid)
         dst = destination_of(uid)
         if failures <= original.retries and not final:
-            delay = self._backoff.delay_s(failures)
+            delay = self.backoff.delay_s(failures)
             if await self._store.schedule_retry(uid, self._clock() + delay):
                 self.metrics.message("retried")
                 self.events.emit(
@@ -281,6 +263,30 @@ class Outbox:
                     extra=about(uid=uid, cmd=original.cmd, dst=dst),
                 )
             return
+        await self._fail(uid, original, failures, cause)
+
+    async def failed_while_offline(self, items: Sequence[SendItem], cause: str) -> None:
+        """A send found the peer down (without --hold-offline): each request in it spent a try, and those
+        with none left get their final error now; the others wait for the peer."""
+        requests = [item for item in items if item.original is not None]
+        failures = await self._store.record_failures([item.uid for item in requests])
+        for item, failed in zip(requests, failures, strict=True):
+            assert item.original is not None
+            if failed > item.original.retries:
+                await self._fail(item.uid, item.original, failed, cause)
+
+    async def give_up(self, item: SendItem, cause: str) -> None:
+        """``item`` waited for its peer as long as it may: a request gets ``all retries done``, a reply is
+        set aside."""
+        if item.original is not None:
+            await self._fail(item.uid, item.original, await self._store.record_failure(item.uid), cause)
+        else:
+            attempts = int((item.state or {}).get("attempts", 0)) + 1
+            await self._give_up_reply(item.reply_key, item.envelope, attempts, cause)
+
+    async def _fail(self, uid: str, original: Envelope, failures: int, cause: str) -> None:
+        """Give the caller ``all retries done: <cause>`` (unless the request has its outcome already)."""
+        dst = destination_of(uid)
         error = original.replace(src=dst or 0, err=all_retries_done_text(cause), now=int(self._clock()))
         if await self._store.finish(uid, original.ret, error.encode()):
             self.metrics.message("failed")
@@ -297,78 +303,17 @@ class Outbox:
                 extra=about(uid=uid, cmd=original.cmd, dst=dst, queue=original.ret),
             )
 
-    async def _resend_request(self, uid: str) -> None:
-        original = await self.load_original(uid)
-        if original is None:
-            return
-        member = request_member(uid)
-        dst = destination_of(uid) or 0
-        if not self.health.may_send(dst):
-            if self.hold_offline:
-                await self._store.reschedule(member, self._clock() + self.health.seconds_until_probe(dst))
-            else:
-                await self.failed(uid, original, self.unreachable_cause(dst))
-            return
-        error = await self.deliver(uid, original, await self._store.failures(uid))
-        if error is None:
-            await self._store.sent(member)
-        elif error.offline and self.hold_offline:
-            await self._store.reschedule(member, self._clock() + self.health.seconds_until_probe(dst))
-        else:
-            await self.failed(uid, original, error.cause, final=error.final)
-
     # --- replies -----------------------------------------------------------------------------------------
-
-    async def attempt_reply(self, key: str, env: Envelope, state: dict[str, float]) -> None:
-        """One attempt to forward a service's reply to the twin that asked."""
-        dst = env.dst[0]
-        if not self.health.may_send(dst):
-            await self._store.reschedule(
-                reply_member(key), self._clock() + self.health.seconds_until_probe(dst)
-            )
-            return
-        attempt = int(state.get("attempts", 0)) + 1
-        started_at, started = self._clock(), time.perf_counter()
-        try:
-            await self._forwarder.send(env, REPLY_PATH)
-        except DeliveryError as exc:
-            if exc.offline:
-                self.health.unreachable(dst, exc.cause)
-            self._record_attempt(False, env, attempt, started_at, _micros_since(started), exc)
-            await self._reply_failed(key, env, state, exc.cause)
-            return
-        self._record_attempt(False, env, attempt, started_at, _micros_since(started), None)
-        self.health.succeeded(dst)
-        self.metrics.message("reply_sent")
-        await self._store.forget_reply(key)
-        log.debug(
-            "sent reply uid=%s cmd=%s to twin %s",
-            env.uid,
-            env.cmd,
-            dst,
-            extra=about(uid=env.uid, cmd=env.cmd, dst=dst),
-        )
 
     async def _reply_failed(self, key: str, env: Envelope, state: dict[str, float], cause: str) -> None:
         attempts = int(state.get("attempts", 0)) + 1
         now = self._clock()
         if now >= state.get("deadline", now):
-            # The requester has given its caller a timeout by now; keep the reply for the operator.
-            await self._store.forget_reply(key)
-            await self._store.set_aside(
-                keys.REPLY, env.encode(), f"gave up forwarding reply after {attempts} attempts: {cause}"
-            )
-            log.error(
-                "gave up forwarding reply uid=%s to twin %s: %s",
-                env.uid,
-                env.dst[0],
-                cause,
-                extra=about(uid=env.uid, cmd=env.cmd, dst=env.dst[0]),
-            )
+            await self._give_up_reply(key, env, attempts, cause)
             return
         state = {**state, "attempts": attempts}
         await self._store.update_reply_state(key, state)
-        delay = self._backoff.delay_s(attempts)
+        delay = self.backoff.delay_s(attempts)
         await self._store.schedule_reply(key, now + delay)
         log.info(
             "reply uid=%s to twin %s failed (%s); retry in %.1fs",
@@ -379,37 +324,34 @@ class Outbox:
             extra=about(uid=env.uid, cmd=env.cmd, dst=env.dst[0]),
         )
 
-    async def _resend_reply(self, key: str) -> None:
-        pending = await self._store.pending_reply(key)
-        if pending is None:
-            await self._store.forget_reply(key)
-            return
-        payload, state = pending
-        try:
-            env = Envelope.decode(payload)
-        except EnvelopeDecodeError as exc:
-            await self._store.forget_reply(key)
-            log.error("dropped unreadable pending reply %s: %s", key, exc.reason)
-            return
-        await self.attempt_reply(key, env, state)
+    async def _give_up_reply(self, key: str, env: Envelope, attempts: int, cause: str) -> None:
+        # The requester has given its caller a timeout by now; keep the reply for the operator.
+        await self._store.forget_reply(key)
+        await self._store.set_aside(
+            keys.REPLY, env.encode(), f"gave up forwarding reply after {attempts} attempts: {cause}"
+        )
+        log.error(
+            "gave up forwarding reply uid=%s to twin %s: %s",
+            env.uid,
+            env.dst[0],
+            cause,
+            extra=about(uid=env.uid, cmd=env.cmd, dst=env.dst[0]),
+        )
 
     # --- timers ------------------------------------------------------------------------------------------
 
-    async def run_due(self, spawn: Spawn, limit: int = CLAIM_BATCH) -> int:
-        """Start the re-sends whose time has come, at most ``limit``; returns how many."""
-        members = await self._store.claim_due(self._clock(), self.lease_until(), min(limit, CLAIM_BATCH))
+    async def release_due(self) -> tuple[set[int], bool]:
+        """Move the re-sends whose time has come to their send queues; returns their destinations, and
+        whether the round was full (more may be due)."""
+        members = await self._store.release_due(self._clock(), CLAIM_BATCH)
+        destinations = set()
         for member in members:
-            spawn(self._resend(member))
-        return len(members)
-
-    async def _resend(self, member: str) -> None:
-        if member.startswith(keys.REQUEST_PREFIX):
-            await self._resend_request(member.removeprefix(keys.REQUEST_PREFIX))
-        elif member.startswith(keys.REPLY_PREFIX):
-            await self._resend_reply(member.removeprefix(keys.REPLY_PREFIX))
-        else:
-            await self._store.sent(member)
-            log.error("dropped unknown outbox entry %r", member)
+            dst = _member_destination(member)
+            if dst is None:
+                log.error("dropped unknown outbox entry %r", member)
+            else:
+                destinations.add(dst)
+        return destinations, len(members) == CLAIM_BATCH
 
     async def expire_due(self) -> int:
         """Give requests past their deadline their timeout error, a batch at a time in two round trips;
@@ -453,10 +395,6 @@ class Outbox:
                 )
         return len(uids)
 
-    async def load_original(self, uid: str) -> Envelope | None:
-        """The backlog entry of ``uid``, or None (bookkeeping cleaned) if it already has an outcome."""
-        return await self._original_from(uid, await self._store.backlog_entry(uid))
-
     async def _original_from(self, uid: str, entry: bytes | None) -> Envelope | None:
         """The decoded backlog ``entry`` of ``uid``; None, with the request's bookkeeping cleaned, when it
         is gone (the request has its outcome) or unreadable."""
@@ -474,6 +412,14 @@ class Outbox:
             )
             await self._store.forget_request(uid)
             return None
+
+
+def _member_destination(member: str) -> int | None:
+    """The twin an outbox member (``req:<dst>.<n>`` or ``rep:<dst>|<uid>``) is for."""
+    if member.startswith(keys.REQUEST_PREFIX):
+        return destination_of(member.removeprefix(keys.REQUEST_PREFIX))
+    head, sep, _ = member.removeprefix(keys.REPLY_PREFIX).partition("|")
+    return int(head) if member.startswith(keys.REPLY_PREFIX) and sep and head.isdigit() else None
 
 
 def _decode_or_none(entry: bytes) -> Envelope | None:

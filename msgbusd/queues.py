@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError
 from msgbusd import keys
 from msgbusd.envelope import Envelope
 from msgbusd.script_batch import ScriptBatch
+from msgbusd.send_queues import SendQueues, text
 
 # Moves a processing list back to the head of its queue, keeping the original order.
 _RECOVER = """
@@ -134,38 +135,6 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 return 1
 """
 
-# Removes the first ``count`` entries of a destination's send queue if it still starts with ``first``;
-# forgets an emptied queue. KEYS: send queue, destinations set. ARGV: first entry, count, destination.
-_DROP_HEAD = """
-if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1], tonumber(ARGV[2])) end
-if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[3]) end
-return 1
-"""
-
-# Removes the first entries of a send queue if they are exactly ARGV[2..]; forgets an emptied queue.
-# KEYS: send queue, destinations set. ARGV: destination, entries... Returns 0 when they are not.
-_DROP_EXACT = """
-local n = #ARGV - 1
-local head = redis.call('LRANGE', KEYS[1], 0, n - 1)
-if #head ~= n then return 0 end
-for i = 1, n do
-  if head[i] ~= ARGV[i + 1] then return 0 end
-end
-redis.call('LPOP', KEYS[1], n)
-if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
-return 1
-"""
-
-# Claims the due members of the outbox by pushing their due time to the lease end.
-# KEYS: outbox. ARGV: now, lease end, max count.
-_CLAIM_DUE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-for _, member in ipairs(due) do
-  redis.call('ZADD', KEYS[1], 'XX', ARGV[2], member)
-end
-return due
-"""
-
 
 @dataclass(frozen=True)
 class Inbound:
@@ -220,10 +189,6 @@ class PendingReply:
     state: dict[str, float]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _letter(queue: str, raw: bytes, reason: str) -> str:
     return json.dumps(
         {"queue": queue, "reason": reason, "raw": raw.decode("utf-8", "replace"), "at": time.time()}
@@ -238,11 +203,11 @@ def reply_member(key: str) -> str:
     return keys.REPLY_PREFIX + key
 
 
-class Store:
+class Store(SendQueues):
     """msgbusd's view of its Redis. Takes an open ``redis.asyncio.Redis``; never creates one."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
-        self.redis = redis
+        super().__init__(redis)
         self._recover = redis.register_script(_RECOVER)
         self._pop_many = redis.register_script(_POP_MANY)
         self._hand_over = redis.register_script(_HAND_OVER)
@@ -253,9 +218,6 @@ class Store:
         self._accept_remote = redis.register_script(_ACCEPT_REMOTE)
         self._finish = redis.register_script(_FINISH)
         self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
-        self._drop_head = redis.register_script(_DROP_HEAD)
-        self._drop_exact = redis.register_script(_DROP_EXACT)
-        self._claim_due = redis.register_script(_CLAIM_DUE)
 
     # --- reliable queues -------------------------------------------------------------------------------
 
@@ -347,7 +309,7 @@ class Store:
     async def read_list(self, key: str) -> list[bytes]:
         return cast(list[bytes], await self.redis.lrange(key, 0, -1))
 
-    # --- requests: uids, backlog, send queues, deadlines -------------------------------------------------
+    # --- requests: uids, backlog, deadlines -------------------------------------------------
 
     async def accept_requests(self, requests: Sequence[AcceptedRequest]) -> list[list[str] | None]:
         """Record each local request for each of its destinations (uid, backlog, deadline, send queue) and
@@ -360,24 +322,7 @@ class Store:
                 script_keys += [keys.uid_counter(dst), keys.send_queue(dst)]
             args: list[Any] = [request.raw, request.original, request.deadline, *request.destinations]
             batch.script(self._accept_request, script_keys, args)
-        return [[_text(uid) for uid in uids] if uids else None for uids in await batch.run()]
-
-    async def pending_destinations(self) -> list[int]:
-        """Destinations whose send queue is not empty (what a previous run left to send)."""
-        return sorted(int(_text(d)) for d in await self.redis.smembers(keys.DESTINATIONS))
-
-    async def send_queue_heads(self, dst: int, count: int) -> list[str]:
-        """The first ``count`` entries (``req:<uid>`` or ``rep:<key>``) of ``dst``'s send queue."""
-        return [_text(e) for e in await self.redis.lrange(keys.send_queue(dst), 0, count - 1)]
-
-    async def drop_send_queue_heads(self, dst: int, first: str, count: int) -> None:
-        """Remove the first ``count`` entries of ``dst``'s send queue, which start with ``first``."""
-        await self._drop_head(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[first, count, dst])
-
-    async def drop_exact(self, dst: int, entries: Sequence[str]) -> bool:
-        """Remove ``entries`` from the head of ``dst``'s send queue if it starts with exactly them."""
-        done = await self._drop_exact(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[dst, *entries])
-        return bool(done)
+        return [[text(uid) for uid in uids] if uids else None for uids in await batch.run()]
 
     async def load_entries(self, entries: Sequence[str]) -> list[tuple[bytes | None, bytes | None]]:
         """For each send-queue entry: (backlog entry, None) of a request, or (payload, state) of a reply."""
@@ -395,16 +340,31 @@ class Store:
             for entry in entries
         ]
 
-    async def backlog_entry(self, uid: str) -> bytes | None:
-        return cast(bytes | None, await self.redis.hget(keys.BACKLOG, uid))
-
     async def record_failure(self, uid: str) -> int:
         """Count a failed attempt of request ``uid``; returns the failures so far."""
         return int(await self.redis.hincrby(keys.ATTEMPTS, uid, 1))
 
-    async def failures(self, uid: str) -> int:
-        value = await self.redis.hget(keys.ATTEMPTS, uid)
-        return int(value) if value is not None else 0
+    async def record_failures(self, uids: Sequence[str]) -> list[int]:
+        """:meth:`record_failure` for many requests in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for uid in uids:
+                pipe.hincrby(keys.ATTEMPTS, uid, 1)
+            return [int(n) for n in await pipe.execute()]
+
+    async def count_first_attempts(self, uids: Sequence[str]) -> None:
+        """Count one failed attempt for each of these requests that had none yet."""
+        if not uids:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for uid in uids:
+                pipe.hsetnx(keys.ATTEMPTS, uid, 1)
+            await pipe.execute()
+
+    async def failures_of(self, uids: Sequence[str]) -> list[int]:
+        """Failed attempts so far of each request."""
+        if not uids:
+            return []
+        return [int(n) if n is not None else 0 for n in await self.redis.hmget(keys.ATTEMPTS, list(uids))]
 
     async def schedule_retry(self, uid: str, due: float) -> bool:
         """Schedule a re-send of request ``uid``; False if it already has its outcome."""
@@ -413,22 +373,9 @@ class Store:
         )
         return bool(done)
 
-    async def reschedule(self, member: str, due: float) -> None:
-        """Move an outbox entry that still exists to a new due time."""
-        await self.redis.zadd(keys.OUTBOX, {member: due}, xx=True)
-
-    async def sent(self, member: str) -> None:
-        """A scheduled send succeeded: forget its outbox entry."""
-        await self.redis.zrem(keys.OUTBOX, member)
-
-    async def claim_due(self, now: float, lease_until: float, limit: int) -> list[str]:
-        """Outbox members due by ``now``, leased until ``lease_until`` so no one else takes them."""
-        members = await self._claim_due(keys=[keys.OUTBOX], args=[now, lease_until, limit])
-        return [_text(m) for m in members]
-
     async def due_deadlines(self, now: float, limit: int) -> list[str]:
         found = await self.redis.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit)
-        return [_text(m) for m in found]
+        return [text(m) for m in found]
 
     async def finish(self, uid: str, ret: str, payload: bytes) -> bool:
         """Deliver the final outcome of request ``uid`` to ``ret``; False if it already had one."""
@@ -488,15 +435,6 @@ class Store:
             args: list[Any] = [reply.raw, reply.key, reply.payload, json.dumps(reply.state), reply.dst]
             batch.script(self._accept_reply, script_keys, args)
         return [bool(done) for done in await batch.run()]
-
-    async def pending_reply(self, key: str) -> tuple[bytes, dict[str, float]] | None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.REPLIES, key)
-            pipe.hget(keys.REPLY_STATE, key)
-            payload, state = await pipe.execute()
-        if payload is None:
-            return None
-        return payload, (json.loads(state) if state else {})
 
     async def schedule_reply(self, key: str, due: float) -> None:
         """Schedule the next attempt to forward reply ``key``."""

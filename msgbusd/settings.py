@@ -32,7 +32,14 @@ class Settings:
     redis_url: str = DEFAULT_REDIS_URL
     listen_host: str = "::"
     listen_port: int = DEFAULT_PORT
+    # Destination twins sent to at once; the others wait for a turn.
     workers: int = 1000
+    # Connections to Redis for the daemon's own work (work waits for a free one, never fails for want of
+    # one), and as many again for the HTTP door, which answers 503 with Retry-After when it gets none in time.
+    redis_connections: int = 64
+    door_redis_wait_s: float = 2.0
+    # While a twin does not answer, it is probed every probe_interval_s at first, then every twice that.
+    probe_interval_s: float = 1.0
     log_level: str = "info"
 
     # Time a POST to a peer may take (go-rmb: 10 s).

@@ -16,6 +16,7 @@ from msgbusd.envelope import Envelope
 from msgbusd.event_log import EventLog
 from msgbusd.http_api import Door, create_app
 from msgbusd.identity import load_signer
+from msgbusd.local_sites import free_port
 from msgbusd.metrics import Metrics
 from msgbusd.queues import Store
 from msgbusd.rate_limit import TokenBuckets
@@ -496,3 +497,25 @@ async def test_the_openapi_document_describes_every_endpoint_of_a_site(
     assert list(envelope) == list(Envelope().to_wire()), "every wire field, in wire order"
     for path in ("/zbus-remote", "/zbus-reply", "/zbus-cmd"):
         assert {"200", "400", "413", "429", "502", "503"} <= set(document["paths"][path]["post"]["responses"])
+
+
+@pytest.mark.parametrize("path", ["/zbus-remote", "/zbus-batch"])
+async def test_a_redis_that_cannot_take_the_message_is_a_503_with_retry_after(
+    resolver: StaticResolver, site_signer: Signer, ed_signer: Signer, clock: FixedClock, path: str
+) -> None:
+    # A port nobody listens on: the site's Redis is away.
+    away = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
+    metrics = Metrics()
+    door = Door(Store(away), resolver, site_signer, freshness_s=60, clock=clock, metrics=metrics)
+    env = request_from(ed_signer, ED_TWIN)
+    body = env.encode()
+    if path == "/zbus-batch":
+        body = json.dumps({"messages": [{"path": "/zbus-remote", "envelope": env.to_wire()}]}).encode()
+    transport = httpx.ASGITransport(app=create_app(door))
+    async with httpx.AsyncClient(transport=transport, base_url="http://site") as http:
+        response = await http.post(path, content=body)
+    await away.aclose()
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert error_of(response).startswith("couldn't queue the message, the site's redis failed")
+    assert 'msgbus_errors_total{cause="redis"} 1.0' in metrics.render()[0].decode()

@@ -150,7 +150,7 @@ async def test_refresh_hook_is_awaited_before_each_scrape(
             }
         )
         metrics.set_inflight(2)
-        metrics.set_open_circuits(1)
+        metrics.set_peers_down(1)
 
     metrics = Metrics()
     metrics.refresh = refresh
@@ -165,7 +165,7 @@ async def test_refresh_hook_is_awaited_before_each_scrape(
     assert found[("msgbus_queue_length", frozenset({("queue", "msgbus.system.backlog")}))] == 7
     assert found[("msgbus_queue_length", frozenset({("queue", "msgbus.system.reply")}))] == 1
     assert found[("msgbus_inflight", frozenset())] == 2
-    assert found[("msgbus_open_circuits", frozenset())] == 1
+    assert found[("msgbus_peers_down", frozenset())] == 1
     assert found[("msgbus_refresh_ok", frozenset())] == 1
 
 

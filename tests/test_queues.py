@@ -98,3 +98,29 @@ async def test_a_resent_request_from_a_peer_is_queued_once(async_redis: aioredis
     item = Inbound(keys.command_queue("cmd"), b"req", src=7, seen_id="1.5.abc", ttl_s=60, to_service=True)
     assert await store.queue_from_peers([item, item]) == [True, False]
     assert await async_redis.lrange(keys.command_queue("cmd"), 0, -1) == [b"req"]
+
+
+async def test_due_re_sends_move_to_the_tail_of_their_send_queues(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.send_queue(2), "req:2.1")
+    await async_redis.zadd(keys.OUTBOX, {"req:2.7": 10.0, "rep:3|5.1": 11.0, "req:2.8": 30.0, "junk": 12.0})
+    moved = await store.release_due(now=20.0, limit=10)
+    assert sorted(moved) == ["junk", "rep:3|5.1", "req:2.7"]
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:2.1", b"req:2.7"]
+    assert await async_redis.lrange(keys.send_queue(3), 0, -1) == [b"rep:3|5.1"]
+    assert await store.pending_destinations() == [2, 3]
+    # Not due yet: stays scheduled.
+    assert await async_redis.zrange(keys.OUTBOX, 0, -1) == [b"req:2.8"]
+
+
+async def test_give_up_times_are_written_once_and_dropped_when_the_peer_is_back(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    await store.add_give_ups(2, {"req:2.1": 10.0, "req:2.2": 50.0})
+    await store.add_give_ups(2, {"req:2.1": 99.0})
+    assert await store.due_give_ups(2, now=20.0, limit=10) == ["req:2.1"]
+    await store.drop_give_ups(2, ["req:2.1"])
+    assert await store.due_give_ups(2, now=60.0, limit=10) == ["req:2.2"]
+    await store.forget_give_ups(2)
+    assert await store.due_give_ups(2, now=60.0, limit=10) == []

@@ -17,8 +17,9 @@ import redis
 from msgbusd import keys
 from msgbusd.envelope import Envelope, envelope_size_limit
 from msgbusd.identity import load_signer
-from msgbusd.local_sites import LocalCluster, free_port, wait_until
+from msgbusd.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 from msgbusd.signing import verify
+from tests.support.metrics import scrape
 from tests.support.services import RawService, pop_replies, push_request
 from tests.support.tcp_proxy import TcpProxy
 from twin_resolver.base import Twin
@@ -342,18 +343,25 @@ def test_local_proxy_flag_is_cleared_so_the_reply_does_not_loop(
     assert service.requests[0].pxy is False
 
 
+def probes(site: SiteProcess) -> float:
+    return scrape(site.url)['msgbus_messages_total{event="probed"}']
+
+
 @pytest.mark.slow
-def test_peer_down_then_up_delivers_after_retries() -> None:
-    cluster = LocalCluster(size=2, extra_args=["--retry-delay", "0.2", "--retry-max-delay", "0.5"]).start()
+def test_peer_down_then_up_delivers_as_soon_as_it_answers() -> None:
+    cluster = LocalCluster(size=2, extra_args=["--probe-interval", "0.2"]).start()
     try:
         site1 = redis.Redis.from_url(cluster.redis[0].url)
         cluster.sites[1].stop()
         with RawService(cluster.redis[1].url, "echo.later"):
             ret = push_request(site1, [2], "echo.later", b"later", retries=100)
-            wait_until(lambda: "retry 2/100" in cluster.sites[0].log(), what="two failed attempts")
+            wait_until(lambda: "holding messages to twin 2" in cluster.sites[0].log(), what="the peer down")
+            wait_until(lambda: probes(cluster.sites[0]) >= 2, what="two probes")
             cluster.sites[1].start()
-            (reply,) = pop_replies(site1, ret, 1)
+            # The default retry delay is 5 s: the reply comes from the probe's success, not a re-send.
+            (reply,) = pop_replies(site1, ret, 1, timeout_s=4)
         assert reply.payload == b"later" and reply.err == ""
+        assert "twin 2 answers again after" in cluster.sites[0].log()
         site1.close()
     finally:
         cluster.cleanup()
@@ -568,3 +576,23 @@ def test_an_invalid_request_from_the_site_itself_is_answered_once_and_does_not_l
     wait_until(lambda: all(site1.llen(queue) == 0 for queue in keys.SYSTEM_QUEUES), what="quiet queues")
     assert site.log().count("uid=1.424242") == 2, "refused once, its answer dropped once"
     assert site1.llen(keys.DEAD_LETTER) == dead_letters
+
+
+@pytest.mark.slow
+def test_a_peer_whose_redis_is_away_gets_the_message_again_without_a_try_spent() -> None:
+    cluster = LocalCluster(size=2).start()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        cluster.redis[1].stop()
+        # try=0: a failed attempt would end the request at once.
+        ret = push_request(site1, [2], "echo.busy", b"busy", retries=0)
+        wait_until(lambda: "twin 2 cannot take messages now" in cluster.sites[0].log(), what="the peer's 503")
+        assert scrape(cluster.sites[1].url)['msgbus_errors_total{cause="redis"}'] >= 1
+        cluster.redis[1].start()
+        with RawService(cluster.redis[1].url, "echo.busy"):
+            (reply,) = pop_replies(site1, ret, 1)
+        assert (reply.err, reply.payload) == ("", b"busy")
+        assert scrape(cluster.sites[0].url)['msgbus_errors_total{cause="busy"}'] >= 1
+    finally:
+        site1.close()
+        cluster.cleanup()

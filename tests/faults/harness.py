@@ -47,8 +47,28 @@ class Report:
     duplicate_outcomes: int = 0
     executed_twice: int = 0
     seconds: float = 0.0
+    # Recovery scenarios (tests/faults/test_recovery.py): seconds from the fault's end (the site back, ready)
+    # to the last outcome, and other figures of theirs. Left out of the line when not set.
+    recovery_s: float | None = None
+    details: dict[str, float | int | str] = field(default_factory=dict)
+
+    def tally(self, errors: list[str]) -> None:
+        """Count the outcomes one (request, destination) got: their ``err`` texts, in arrival order."""
+        if not errors:
+            self.lost += 1
+            return
+        self.duplicate_outcomes += len(errors) - 1
+        if errors[0]:
+            self.errors[_kind(errors[0])] += 1
+        else:
+            self.ok += 1
 
     def line(self) -> str:
+        extra: dict[str, object] = {}
+        if self.recovery_s is not None:
+            extra["recovery_s"] = round(self.recovery_s, 1)
+        if self.details:
+            extra["details"] = self.details
         return json.dumps(
             {
                 "scenario": self.scenario,
@@ -61,6 +81,7 @@ class Report:
                 "duplicate_outcomes": self.duplicate_outcomes,
                 "executed_twice": self.executed_twice,
                 "seconds": round(self.seconds, 1),
+                **extra,
             }
         )
 
@@ -202,14 +223,7 @@ class FaultRun:
             for twin in RECEIVERS:
                 errors = self.outcomes.get((index, twin), [])
                 report.outcomes += len(errors)
-                if not errors:
-                    report.lost += 1
-                    continue
-                report.duplicate_outcomes += len(errors) - 1
-                if errors[0]:
-                    report.errors[_kind(errors[0])] += 1
-                else:
-                    report.ok += 1
+                report.tally(errors)
         report.executed_twice = sum(
             1 for counted in executions().values() for times in counted.values() if times > 1
         )

@@ -9,15 +9,18 @@ import sys
 def table(lines: list[str]) -> str:
     rows = [
         "| scenario | requests | outcomes (expected) | ok | errors | lost | duplicate outcomes "
-        "| executed twice | time |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| executed twice | time | last answer after recovery |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for line in lines:
         r = json.loads(line)
         errors = ", ".join(f"{kind}: {n}" for kind, n in r["errors"].items()) or "none"
+        # Only the recovery scenarios measure it.
+        recovery = f"{r['recovery_s']} s" if r.get("recovery_s") is not None else "–"
         rows.append(
             f"| {r['scenario']} | {r['requests']} | {r['outcomes']} ({r['expected_outcomes']}) | {r['ok']} | "
-            f"{errors} | {r['lost']} | {r['duplicate_outcomes']} | {r['executed_twice']} | {r['seconds']} s |"
+            f"{errors} | {r['lost']} | {r['duplicate_outcomes']} | {r['executed_twice']} | {r['seconds']} s "
+            f"| {recovery} |"
         )
     return "\n".join(rows)
 

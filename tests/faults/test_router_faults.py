@@ -336,15 +336,15 @@ def test_3_servicebus_call_runs_once_when_answers_are_lost() -> None:
             )
             url = sites.rest_url(sites.node(), "/f3")
 
-            # Every answer of the edge is lost while the service takes its time: the cloud sends the call
-            # again and again, and the edge's answer reaches it only through the edge's reply.
+            # Every answer of the edge is lost while the service takes its time: to the cloud the edge looks
+            # down (it probes it, and the probes' answers are lost too), and the edge's answer reaches it
+            # only through the edge's reply.
             proxy.drop_answers = 1.0
             service.delay_s = 3.0
             with http() as client:
                 first = client.post(url, content=b"first")
             assert (first.status_code, first.content) == (200, b"done: first"), first.text
-            resent = metric(edge.url, "duplicate")
-            assert proxy.dropped_answers >= 2 and resent >= 1, (proxy.dropped_answers, resent)
+            assert proxy.dropped_answers >= 2, proxy.dropped_answers
 
             proxy.drop_answers = 0.5
             # Slower than the cloud's first re-send: many re-sends reach the edge while the call runs.
@@ -361,7 +361,9 @@ def test_3_servicebus_call_runs_once_when_answers_are_lost() -> None:
             assert len(done) == CALLS + 1 and b"running" not in done
             status = sites.status("f3-call")
             assert (status.success, status.fail) == (CALLS + 1, 0), status
+            # Half the answers lost: calls reached the edge again and were not queued again.
             resent = metric(edge.url, "duplicate")
+            assert resent >= 1, resent
         finally:
             proxy.close()
             service.stop()

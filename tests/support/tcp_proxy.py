@@ -14,7 +14,7 @@ class TcpProxy:
     ``connections`` counts accepted TCP connections. :meth:`cut` refuses connections and breaks open ones
     until :meth:`restore`. With ``drop_answers`` set to a fraction, that share of the chunks coming back from
     the target (the HTTP answers) is thrown away and the connection closed: the request arrived, the sender
-    never learns it.
+    never learns it. :meth:`retarget` sends new connections to another server.
     """
 
     def __init__(
@@ -95,6 +95,10 @@ class TcpProxy:
         with self._lock:
             sockets = list(self._open)
         self._close(*sockets)
+
+    def retarget(self, target: tuple[str, int]) -> None:
+        """Forward new connections to ``target``; open ones carry on with the old target until they close."""
+        self.target = target
 
     def restore(self) -> None:
         """Accept connections again, on the same port."""
