@@ -182,14 +182,16 @@ class Senders:
         await self._pause(self._health.seconds_until_probe(dst))
         if self._stopping.is_set():
             return False
+        # Outside the turns: a probe of a site that swallows packets waits out its timeout, and peers that
+        # are down must not hold back the others.
+        error = await self._outbox.probe(dst)
+        if error is not None and error.retry_after_s is not None:
+            # Up, but its Redis is away: no attempt failed, nothing gives up.
+            self._health.busy(dst, error.retry_after_s)
+            return True
         async with self._turns:
-            error = await self._outbox.probe(dst)
             if error is None:
                 await self._peer_back(dst, lane)
-                return True
-            if error.retry_after_s is not None:
-                # Up, but its Redis is away: no attempt failed, nothing gives up.
-                self._health.busy(dst, error.retry_after_s)
                 return True
             self._peer_down(dst, error)
             lane.noted = await self._waiting.note(dst, lane.noted)
