@@ -14,7 +14,6 @@ import socket
 import sys
 from typing import cast
 
-import httpx
 import redis.asyncio as aioredis
 import uvicorn
 from starlette.applications import Starlette
@@ -23,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from msgbusd import keys
+from msgbusd.http_client import HttpClients
 
 IN_FLIGHT = 256
 
@@ -43,12 +43,12 @@ def make_app(conn: aioredis.Redis) -> Starlette:
     )
 
 
-async def relay(conn: aioredis.Redis, http: httpx.AsyncClient, queue: str, url: str) -> None:
+async def relay(conn: aioredis.Redis, http: HttpClients, queue: str, url: str) -> None:
     slots = asyncio.Semaphore(IN_FLIGHT)
 
     async def forward(body: bytes) -> None:
         try:
-            await http.post(url, content=body)
+            await http.request("POST", url, content=body)
         finally:
             slots.release()
 
@@ -66,8 +66,8 @@ async def relay(conn: aioredis.Redis, http: httpx.AsyncClient, queue: str, url: 
 
 async def main(redis_url: str, port: int, peer: str) -> None:
     conn = aioredis.Redis.from_url(redis_url, socket_timeout=10, max_connections=512)
-    transport = httpx.AsyncHTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-    http = httpx.AsyncClient(transport=transport, trust_env=False, timeout=10)
+    # The HTTP client msgbusd uses between sites.
+    http = HttpClients(10.0, per_origin=IN_FLIGHT)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

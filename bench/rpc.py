@@ -135,22 +135,37 @@ def floor_sites() -> Iterator[tuple[list[str], dict[str, int]]]:
             server.cleanup()
 
 
+async def redis_commands(redis_urls: list[str]) -> int:
+    """Commands the Redis servers at ``redis_urls`` have processed so far, together."""
+    total = 0
+    for url in redis_urls:
+        conn = aioredis.Redis.from_url(url)
+        try:
+            total += int((await conn.info("stats"))["total_commands_processed"])
+        finally:
+            await conn.aclose()
+    return total
+
+
 async def measure(
-    redis_url: str, pids: dict[str, int], load: Load, warmup_s: float, duration_s: float
+    redis_urls: list[str], pids: dict[str, int], load: Load, warmup_s: float, duration_s: float
 ) -> dict[str, object]:
     """Run the callers against site 1 and measure a window of ``duration_s`` after ``warmup_s``."""
     pids = {**pids, "loadgen": os.getpid()}
     stop = asyncio.Event()
-    callers = [asyncio.create_task(load.caller(redis_url, stop)) for _ in range(load.clients)]
+    callers = [asyncio.create_task(load.caller(redis_urls[0], stop)) for _ in range(load.clients)]
     await asyncio.sleep(warmup_s)
     processes = Processes(pids)
     cpu_before = processes.cpu()
+    commands_before = await redis_commands(redis_urls)
     load.measuring = True
     started = time.perf_counter()
     await asyncio.sleep(duration_s)
     load.measuring = False
     elapsed = time.perf_counter() - started
     cpu_after = processes.cpu()
+    # The callers' and the service's own commands are in it too; the same for every system measured.
+    commands = await redis_commands(redis_urls) - commands_before
     rss = {role: round(rss_mib(pid), 1) for role, pid in pids.items()}
     stop.set()
     await asyncio.gather(*callers)
@@ -172,6 +187,7 @@ async def measure(
         "rss_mib": rss,
         "daemon_cpu_ms_per_rpc": round(1000 * daemons / rpcs, 3) if rpcs else None,
         "total_cpu_ms_per_rpc": round(1000 * sum(cpu.values()) / rpcs, 3) if rpcs else None,
+        "redis_commands_per_rpc": round(commands / rpcs, 1) if rpcs else None,
     }
 
 
@@ -196,7 +212,7 @@ def _run_sites(
         service = subprocess.Popen(command)
         try:
             result = asyncio.run(
-                measure(redis_urls[0], {**pids, "service": service.pid}, load, args.warmup, args.duration)
+                measure(redis_urls, {**pids, "service": service.pid}, load, args.warmup, args.duration)
             )
         finally:
             service.terminate()

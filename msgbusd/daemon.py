@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx
 import redis.asyncio as aioredis
 import uvicorn
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -33,6 +32,7 @@ from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
 from msgbusd.health import PeerHealth
 from msgbusd.http_api import Door, create_app, loopback_only
+from msgbusd.http_client import HttpClients
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.outbox import CLAIM_BATCH, Outbox, SendItem
@@ -50,6 +50,8 @@ log = logging.getLogger("msgbusd")
 
 # A probe of a peer that does not answer waits at most this long (or --send-timeout, if shorter).
 PROBE_TIMEOUT_S = 5.0
+# Keep-alive connections to one peer site at most.
+PEER_CONNECTIONS = 8
 # Items taken from a queue in one go at most.
 POP_BATCH = 64
 
@@ -69,7 +71,7 @@ class Site:
     redis: aioredis.Redis
     # The HTTP door's own connections: a burst of peers' messages cannot take the daemon's.
     door_redis: aioredis.Redis
-    http: httpx.AsyncClient
+    http: HttpClients
     store: Store
     outbox: Outbox
     door: Door
@@ -119,15 +121,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def open_http(settings: Settings) -> httpx.AsyncClient:
-    """The keep-alive HTTP client to other sites."""
-    # Without TCP_NODELAY a request written in two parts (headers, body) waits for the peer's delayed ACK:
-    # 40 ms per message.
-    transport = httpx.AsyncHTTPTransport(
-        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60),
-    )
-    return httpx.AsyncClient(transport=transport, timeout=settings.send_timeout_s, trust_env=False)
+def open_http(settings: Settings) -> HttpClients:
+    """The keep-alive HTTP client to other sites (each destination's sender uses one connection at a time;
+    replies and probes may use a second)."""
+    return HttpClients(settings.send_timeout_s, per_origin=PEER_CONNECTIONS)
 
 
 class _Server(uvicorn.Server):

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from msgbusd.signing import verify
 from tests.support.metrics import scrape
 from tests.support.services import RawService, pop_replies, push_request
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.tls import TlsProxy, make_certificates
 from twin_resolver.base import Twin
 
 pytestmark = pytest.mark.timeout(60)
@@ -595,4 +597,33 @@ def test_a_peer_whose_redis_is_away_gets_the_message_again_without_a_try_spent()
         assert scrape(cluster.sites[0].url)['msgbus_errors_total{cause="busy"}'] >= 1
     finally:
         site1.close()
+        cluster.cleanup()
+
+
+@pytest.mark.slow
+def test_a_site_behind_https_is_reached_with_its_certificate_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca, certificate, key = make_certificates(tmp_path)
+    cluster = LocalCluster(size=2).prepare()
+    proxy = TlsProxy(cluster.sites[1].port, certificate, key)
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        cluster.sites[1].advertised_address = f"https://127.0.0.1:{proxy.port}"
+        cluster.launch()
+        with RawService(cluster.redis[1].url, "echo.https"):
+            # The site does not know the CA that signed the peer's certificate: refused, with the reason.
+            (error,) = pop_replies(site1, push_request(site1, [2], "echo.https", retries=0), 1)
+            assert error.err.startswith(
+                f"all retries done: couldn't reach twin 2 at https://127.0.0.1:{proxy.port}"
+            )
+            assert "certificate verify failed" in error.err
+            monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+            cluster.sites[0].stop()
+            cluster.sites[0].start()
+            (reply,) = pop_replies(site1, push_request(site1, [2], "echo.https", b"over https"), 1)
+        assert (reply.err, reply.payload) == ("", b"over https")
+    finally:
+        site1.close()
+        proxy.close()
         cluster.cleanup()

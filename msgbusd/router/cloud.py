@@ -30,6 +30,7 @@ from client.errors import HandlerError
 from client.request import Request as BusRequest
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope
+from msgbusd.http_client import HttpClients, HttpFailed
 from msgbusd.queues import Store
 from msgbusd.router import bus, keys
 from msgbusd.router.commands import CommandServer
@@ -38,8 +39,6 @@ from msgbusd.router.http_common import (
     JSON_TYPE,
     METHODS,
     BodyTooLarge,
-    HttpClients,
-    HttpFailed,
     answer_response,
     answer_too_large,
     error_answer,

@@ -33,6 +33,7 @@ from starlette.routing import Route as HttpRoute
 from client.errors import HandlerError
 from client.request import Request as BusRequest
 from msgbusd.envelope import Envelope
+from msgbusd.http_client import HttpClients, HttpFailed
 from msgbusd.queues import Store
 from msgbusd.router import bus, keys
 from msgbusd.router.commands import CommandServer
@@ -40,8 +41,6 @@ from msgbusd.router.config import RouterSettings
 from msgbusd.router.http_common import (
     METHODS,
     BodyTooLarge,
-    HttpClients,
-    HttpFailed,
     answer_response,
     answer_too_large,
     error_answer,

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
-import aiohttp
 from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -95,74 +93,3 @@ def join_url(base: str, suffix: str, query: str) -> str:
     if query:
         url += ("&" if "?" in url else "?") + query
     return url
-
-
-@dataclass(frozen=True)
-class HttpReply:
-    """What an HTTP request got: the status, every header (repeated ones too) and the decoded body."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-
-
-class HttpFailed(Exception):
-    """An HTTP request that got no answer; ``timed_out`` tells a timeout from a connection that failed."""
-
-    def __init__(self, reason: str, *, timed_out: bool) -> None:
-        super().__init__(reason)
-        self.timed_out = timed_out
-
-
-class HttpClients:
-    """HTTP requests to cloud URLs and edge services, over keep-alive connections (at most
-    ``per_origin`` to one origin, the other requests wait their turn).
-
-    aiohttp, whose HTTP parser is compiled: one request costs about a fifth of the CPU it takes with httpx
-    here (0.14-0.21 ms against 0.7-3.5 ms, measured with bench.http_sink), which is what eventbus->rest
-    spends most of its time on: one POST per message.
-    """
-
-    def __init__(self, timeout_s: float, per_origin: int = 64) -> None:
-        self._timeout_s = timeout_s
-        self._per_origin = per_origin
-        self._session: aiohttp.ClientSession | None = None
-
-    async def request(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: Sequence[tuple[str, str]] = (),
-        content: bytes = b"",
-        timeout_s: float | None = None,
-    ) -> HttpReply:
-        """Make one request; raises :class:`HttpFailed` when no answer came."""
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_origin)
-            self._session = aiohttp.ClientSession(connector=connector)
-            # aiohttp sends a GET, PUT or DELETE again on its own when the connection drops before the
-            # answer; the router says what happened instead (a call must not run twice behind its back).
-            # There is no public switch for it.
-            self._session._retry_connection = False
-        timeout = timeout_s if timeout_s is not None else self._timeout_s
-        try:
-            async with self._session.request(
-                method,
-                url,
-                headers=list(headers),
-                data=content,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as response:
-                body = await response.read()
-                return HttpReply(response.status, list(response.headers.items()), body)
-        except TimeoutError:
-            raise HttpFailed(f"no answer within {timeout:g}s", timed_out=True) from None
-        except aiohttp.ClientError as exc:
-            raise HttpFailed(str(exc) or type(exc).__name__, timed_out=False) from None
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
