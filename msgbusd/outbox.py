@@ -396,10 +396,9 @@ class Outbox:
         return len(uids)
 
     async def _original_from(self, uid: str, entry: bytes | None) -> Envelope | None:
-        """The decoded backlog ``entry`` of ``uid``; None, with the request's bookkeeping cleaned, when it
-        is gone (the request has its outcome) or unreadable."""
+        """The decoded backlog ``entry`` of ``uid``; None when it is gone (the request has its outcome, and
+        the script that gave it cleaned its bookkeeping) or unreadable (its bookkeeping cleaned here)."""
         if entry is None:
-            await self._store.forget_request(uid)
             return None
         try:
             return Envelope.decode(entry)

@@ -127,6 +127,17 @@ if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[5], ARGV[3]) end
 return deadline
 """
 
+# Counts a failed attempt of a request that has no outcome yet (ARGV[2] = 1: only if it had none); returns
+# its failures. KEYS: backlog, attempts. ARGV: uid, only-first flag.
+_COUNT_FAILURE = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+if ARGV[2] == '1' then
+  redis.call('HSETNX', KEYS[2], ARGV[1], 1)
+  return tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+end
+return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+"""
+
 # A retry is scheduled only for a request that has no outcome yet. KEYS: backlog, outbox.
 # ARGV: uid, member, due time.
 _SCHEDULE_RETRY = """
@@ -218,6 +229,7 @@ class Store(SendQueues):
         self._accept_remote = redis.register_script(_ACCEPT_REMOTE)
         self._finish = redis.register_script(_FINISH)
         self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
+        self._count_failure = redis.register_script(_COUNT_FAILURE)
 
     # --- reliable queues -------------------------------------------------------------------------------
 
@@ -342,23 +354,17 @@ class Store(SendQueues):
 
     async def record_failure(self, uid: str) -> int:
         """Count a failed attempt of request ``uid``; returns the failures so far."""
-        return int(await self.redis.hincrby(keys.ATTEMPTS, uid, 1))
+        (failures,) = await self.record_failures([uid])
+        return failures
 
-    async def record_failures(self, uids: Sequence[str]) -> list[int]:
-        """:meth:`record_failure` for many requests in one round trip."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for uid in uids:
-                pipe.hincrby(keys.ATTEMPTS, uid, 1)
-            return [int(n) for n in await pipe.execute()]
-
-    async def count_first_attempts(self, uids: Sequence[str]) -> None:
-        """Count one failed attempt for each of these requests that had none yet."""
-        if not uids:
-            return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for uid in uids:
-                pipe.hsetnx(keys.ATTEMPTS, uid, 1)
-            await pipe.execute()
+    async def record_failures(self, uids: Sequence[str], *, only_first: bool = False) -> list[int]:
+        """Count a failed attempt of each request (with ``only_first``, of those that had none yet), in one
+        round trip; returns each one's failures so far. A request that has its outcome by now is left alone
+        (its bookkeeping is gone and stays gone)."""
+        batch = ScriptBatch(self.redis)
+        for uid in uids:
+            batch.script(self._count_failure, [keys.BACKLOG, keys.ATTEMPTS], [uid, int(only_first)])
+        return [int(n) for n in await batch.run()]
 
     async def failures_of(self, uids: Sequence[str]) -> list[int]:
         """Failed attempts so far of each request."""

@@ -10,8 +10,8 @@ messages wait in the queue (:mod:`msgbusd.waiting` gives up those whose tries or
 first probe that gets an answer lets the whole queue flow again at batch speed. A peer that answers 503 with
 ``Retry-After`` is sent the same messages again after that long, without a try being spent.
 
-At most ``workers`` senders send at once; the others wait for a turn. A sender stops when its queue is
-empty and starts again when kicked.
+At most ``workers`` senders send at once, and at most ``workers`` probe at once; the others wait for a
+turn. A sender stops when its queue is empty and starts again when kicked.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ class Senders:
         self._spawn = spawn
         self._stopping = stopping
         self._turns = asyncio.Semaphore(workers)
+        self._probe_turns = asyncio.Semaphore(workers)
         self._lanes: dict[int, _Lane] = {}
 
     def kick(self, dst: int, items: Sequence[SendItem] | None = None) -> None:
@@ -182,9 +183,10 @@ class Senders:
         await self._pause(self._health.seconds_until_probe(dst))
         if self._stopping.is_set():
             return False
-        # Outside the turns: a probe of a site that swallows packets waits out its timeout, and peers that
-        # are down must not hold back the others.
-        error = await self._outbox.probe(dst)
+        # Probes have turns of their own: a probe of a site that swallows packets waits out its timeout, and
+        # peers that are down must not hold back the sends to the others.
+        async with self._probe_turns:
+            error = await self._outbox.probe(dst)
         if error is not None and error.retry_after_s is not None:
             # Up, but its Redis is away: no attempt failed, nothing gives up.
             self._health.busy(dst, error.retry_after_s)

@@ -57,7 +57,7 @@ class Waiting:
                     if item.original is not None and item.failures == 0:
                         never_sent.append(item.uid)
             # The failed probe was their first attempt (the rules router withdraws only such messages).
-            await self._store.count_first_attempts(never_sent)
+            await self._store.record_failures(never_sent, only_first=True)
             await self._store.add_give_ups(dst, times)
             cursor += len(entries)
             noted += len(entries)

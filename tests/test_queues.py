@@ -124,3 +124,13 @@ async def test_give_up_times_are_written_once_and_dropped_when_the_peer_is_back(
     assert await store.due_give_ups(2, now=60.0, limit=10) == ["req:2.2"]
     await store.forget_give_ups(2)
     assert await store.due_give_ups(2, now=60.0, limit=10) == []
+
+
+async def test_failures_are_counted_only_for_requests_without_an_outcome(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.hset(keys.BACKLOG, "2.1", b"{}")
+    assert await store.record_failures(["2.1", "2.9"]) == [1, 0]
+    assert await store.record_failures(["2.1"], only_first=True) == [1]
+    assert await store.record_failure("2.1") == 2
+    # 2.9 has its outcome (no backlog entry): nothing is left behind for it.
+    assert await async_redis.hgetall(keys.ATTEMPTS) == {b"2.1": b"2"}
