@@ -88,8 +88,8 @@ SEND_QUEUE_PREFIX = "msgbus.system.send."
 
 
 def send_queue(dst: int) -> str:
-    """list: requests (``req:<uid>``) and replies (``rep:<key>``) to twin ``dst`` not yet sent once, in the
-    order they were accepted.
+    """list: requests (``req:<uid>``) and replies (``rep:<key>``) to send to twin ``dst``, in order: first
+    sends as they were accepted, and re-sends whose time came (moved here from the outbox).
 
     The daemon's sender for ``dst`` reads the first entries, sends them, then pops them: a crash in between
     re-sends them, which the receiver's de-duplication absorbs.
