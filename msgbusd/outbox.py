@@ -92,19 +92,18 @@ class Outbox:
 
     async def prepare(self, entries: list[str]) -> list[SendItem]:
         """The send-queue entries that still have something to send (finished ones are left out)."""
-        loaded = await self._store.load_entries(entries)
-        uids = [e.removeprefix(keys.REQUEST_PREFIX) for e in entries if e.startswith(keys.REQUEST_PREFIX)]
-        failures = dict(zip(uids, await self._store.failures_of(uids), strict=True))
         items = []
-        for entry, (first, second) in zip(entries, loaded, strict=True):
-            item = await self._item(entry, first, second, failures)
+        for entry, (first, second) in zip(
+            entries, await self._store.load_entries(entries, attempts=True), strict=True
+        ):
+            item = await self._item(entry, first, second)
             if item is not None:
                 items.append(item)
         return items
 
-    async def _item(
-        self, entry: str, first: bytes | None, second: bytes | None, failures: dict[str, int]
-    ) -> SendItem | None:
+    async def _item(self, entry: str, first: bytes | None, second: bytes | None) -> SendItem | None:
+        """The item of send-queue ``entry``: ``first`` and ``second`` are a reply's payload and state, or a
+        request's backlog entry and failed attempts."""
         if entry.startswith(keys.REPLY_PREFIX):
             key = entry.removeprefix(keys.REPLY_PREFIX)
             if first is None:
@@ -118,7 +117,7 @@ class Outbox:
             return self.reply_item(key, env, json.loads(second) if second else {})
         uid = entry.removeprefix(keys.REQUEST_PREFIX)
         original = await self._original_from(uid, first)
-        return None if original is None else self.request_item(uid, original, failures.get(uid, 0))
+        return None if original is None else self.request_item(uid, original, int(second or 0))
 
     def request_item(self, uid: str, original: Envelope, failures: int = 0) -> SendItem:
         return SendItem(

@@ -336,8 +336,11 @@ class Store(SendQueues):
             batch.script(self._accept_request, script_keys, args)
         return [[text(uid) for uid in uids] if uids else None for uids in await batch.run()]
 
-    async def load_entries(self, entries: Sequence[str]) -> list[tuple[bytes | None, bytes | None]]:
-        """For each send-queue entry: (backlog entry, None) of a request, or (payload, state) of a reply."""
+    async def load_entries(
+        self, entries: Sequence[str], *, attempts: bool = False
+    ) -> list[tuple[bytes | None, bytes | None]]:
+        """For each send-queue entry, in one round trip: (payload, state) of a reply, and (backlog entry,
+        None) of a request, or with ``attempts`` (backlog entry, its failed attempts so far or None)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for entry in entries:
                 if entry.startswith(keys.REPLY_PREFIX):
@@ -345,10 +348,13 @@ class Store(SendQueues):
                     pipe.hget(keys.REPLIES, key)
                     pipe.hget(keys.REPLY_STATE, key)
                 else:
-                    pipe.hget(keys.BACKLOG, entry.removeprefix(keys.REQUEST_PREFIX))
+                    uid = entry.removeprefix(keys.REQUEST_PREFIX)
+                    pipe.hget(keys.BACKLOG, uid)
+                    if attempts:
+                        pipe.hget(keys.ATTEMPTS, uid)
             found = iter(await pipe.execute())
         return [
-            (next(found), next(found)) if entry.startswith(keys.REPLY_PREFIX) else (next(found), None)
+            (next(found), next(found) if attempts or entry.startswith(keys.REPLY_PREFIX) else None)
             for entry in entries
         ]
 
@@ -365,12 +371,6 @@ class Store(SendQueues):
         for uid in uids:
             batch.script(self._count_failure, [keys.BACKLOG, keys.ATTEMPTS], [uid, int(only_first)])
         return [int(n) for n in await batch.run()]
-
-    async def failures_of(self, uids: Sequence[str]) -> list[int]:
-        """Failed attempts so far of each request."""
-        if not uids:
-            return []
-        return [int(n) if n is not None else 0 for n in await self.redis.hmget(keys.ATTEMPTS, list(uids))]
 
     async def schedule_retry(self, uid: str, due: float) -> bool:
         """Schedule a re-send of request ``uid``; False if it already has its outcome."""
