@@ -192,14 +192,27 @@ async def measure(
 
 
 def run_case(
-    args: argparse.Namespace, clients: int, payload: int, fanout: int, floor: bool, event_log: bool = False
+    args: argparse.Namespace,
+    clients: int,
+    payload: int,
+    fanout: int,
+    floor: bool,
+    event_log: bool = False,
+    links: bool = True,
 ) -> dict[str, object]:
-    """One row. With ``event_log``, both daemons write their event logs (to a directory removed after)."""
+    """One row. With ``event_log``, both daemons write their event logs (to a directory removed after);
+    without ``links``, the sites send each other POSTs, as to go-rmb sites."""
     load = Load(clients=clients, payload=b"x" * payload, fanout=fanout)
     with tempfile.TemporaryDirectory(prefix="msgbus-bench-events-") as events_dir:
-        daemon_args = [*(args.daemon_arg or []), *(["--event-log", events_dir] if event_log else [])]
+        daemon_args = [
+            *(args.daemon_arg or []),
+            *(["--event-log", events_dir] if event_log else []),
+            *([] if links else ["--no-links"]),
+        ]
         row = _run_sites(args, load, floor, daemon_args)
-    system = "floor" if floor else "msgbus + event log" if event_log else "msgbus"
+    system = "msgbus" if links else "msgbus, POSTs"
+    if floor or event_log:
+        system = "floor" if floor else "msgbus + event log"
     return {"system": system, "clients": clients, "payload_bytes": payload, "fanout": fanout, **row}
 
 

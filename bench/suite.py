@@ -1,7 +1,8 @@
 """``make bench``: the whole sweep in one run, as JSON lines and then one Markdown table.
 
-Concurrency 1, 16 and 64 with 64-byte payloads (msgbus and the no-logic floor; at 64 also with both
-daemons writing their event logs), 64 KiB and 1 MiB payloads, a fan-out of one request to 50
+Concurrency 1, 16 and 64 with 64-byte payloads (msgbus over links, msgbus with links refused so that
+the sites send POSTs as to go-rmb, and the no-logic floor; at 64 also with both daemons writing their
+event logs), 64 KiB and 1 MiB payloads, a fan-out of one request to 50
 destinations, and a backlog of pending requests (memory held, expiry speed).
 Every figure comes from this one run on this machine, so ratios between rows are what to compare.
 
@@ -18,21 +19,26 @@ from typing import Any
 
 from bench.rpc import run_case
 
-CASES: list[tuple[int, int, int, bool, bool]] = [
-    # (clients, payload bytes, fan-out, floor, event log)
-    (1, 64, 1, False, False),
-    (1, 64, 1, True, False),
-    (16, 64, 1, False, False),
-    (16, 64, 1, True, False),
-    (64, 64, 1, False, False),
-    (64, 64, 1, False, True),
-    (64, 64, 1, True, False),
-    (1, 64 * 1024, 1, False, False),
-    (16, 64 * 1024, 1, False, False),
-    (64, 64 * 1024, 1, False, False),
-    (1, 1024 * 1024, 1, False, False),
-    (16, 1024 * 1024, 1, False, False),
-    (16, 64, 50, False, False),
+CASES: list[tuple[int, int, int, bool, bool, bool]] = [
+    # (clients, payload bytes, fan-out, floor, event log, links)
+    (1, 64, 1, False, False, True),
+    (1, 64, 1, False, False, False),
+    (1, 64, 1, True, False, True),
+    (16, 64, 1, False, False, True),
+    (16, 64, 1, False, False, False),
+    (16, 64, 1, True, False, True),
+    (64, 64, 1, False, False, True),
+    (64, 64, 1, False, False, False),
+    (64, 64, 1, False, True, True),
+    (64, 64, 1, True, False, True),
+    (1, 64 * 1024, 1, False, False, True),
+    (1, 64 * 1024, 1, False, False, False),
+    (16, 64 * 1024, 1, False, False, True),
+    (64, 64 * 1024, 1, False, False, True),
+    (1, 1024 * 1024, 1, False, False, True),
+    (1, 1024 * 1024, 1, False, False, False),
+    (16, 1024 * 1024, 1, False, False, True),
+    (16, 64, 50, False, False, True),
 ]
 
 
@@ -72,8 +78,8 @@ def main() -> None:
         duration=args.duration, warmup=args.warmup, workers=16, key_type="ed25519", daemon_arg=[]
     )
     rows = []
-    for clients, payload, fanout, floor, event_log in CASES:
-        row = run_case(case_args, clients, payload, fanout, floor, event_log)
+    for clients, payload, fanout, floor, event_log, links in CASES:
+        row = run_case(case_args, clients, payload, fanout, floor, event_log, links)
         print(json.dumps(row), flush=True)
         rows.append(row)
     backlog = subprocess.run(

@@ -148,6 +148,17 @@ def main_command(
     drain_grace: Annotated[
         float, typer.Option(min=0.0, help="Seconds in-flight work gets on SIGTERM.")
     ] = 10.0,
+    links: Annotated[
+        bool,
+        typer.Option(
+            "--links/--no-links",
+            help="Carry messages to and from other msgbus sites over one WebSocket per peer (--no-links: "
+            "one POST per batch, as to go-rmb sites, and upgrades are refused).",
+        ),
+    ] = True,
+    link_ping: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between pings on a link; two missed pongs close it.")
+    ] = 5.0,
     max_message_size: Annotated[
         int,
         typer.Option(
@@ -258,6 +269,8 @@ def main_command(
         retry_max_delay_s=retry_max_delay,
         drain_grace_s=drain_grace,
         hold_offline=hold_offline,
+        links=links,
+        link_ping_s=link_ping,
         max_message_bytes=max_message_size,
         rate_limit=rate_limit,
         rate_burst=rate_burst,

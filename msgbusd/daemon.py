@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -31,8 +32,9 @@ from msgbusd.event_log import EventLog
 from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
 from msgbusd.health import PeerHealth
-from msgbusd.http_api import Door, create_app, loopback_only
+from msgbusd.http_api import Door, answer_link_frame, create_app, loopback_only
 from msgbusd.http_client import HttpClients
+from msgbusd.links import Links
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.outbox import CLAIM_BATCH, Outbox, SendItem
@@ -78,6 +80,8 @@ class Site:
     clock: Callable[[], float]
     metrics: Metrics
     events: EventLog
+    # Links to other msgbus sites (None: --no-links).
+    links: Links | None = None
 
 
 # A Redis host that vanishes without closing the connection is noticed within about 25 s.
@@ -162,6 +166,7 @@ class Daemon:
         metrics.set_queue_lengths(await self.site.store.depths())
         metrics.set_inflight(len(self._inflight))
         metrics.set_peers_down(self.site.outbox.health.down_count())
+        metrics.set_links_open(self.site.links.open_count() if self.site.links is not None else 0)
 
     async def _health(self) -> dict[str, object]:
         problems: list[str] = []
@@ -208,12 +213,18 @@ class Daemon:
                     Route("/metrics", loopback_only(metrics_endpoint(self.site.metrics))),
                     Route("/healthz", loopback_only(healthz_endpoint(self._health))),
                 ],
+                self.site.links,
             ),
             log_level="warning",
             log_config=None,
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=max(1, int(settings.drain_grace_s)),
+            # A link carries a whole batch in one message; pings find a link that stalled.
+            ws_max_size=self.site.door.max_message_bytes + 4096,
+            ws_ping_interval=settings.link_ping_s,
+            ws_ping_timeout=2 * settings.link_ping_s,
+            ws_per_message_deflate=False,
         )
         self._server = _Server(config)
         handlers = self.handlers
@@ -419,27 +430,6 @@ async def open_site(
     )
     # --max-message-size is the largest payload: HTTP bodies carry it base64-encoded in an envelope.
     max_body_bytes = envelope_size_limit(settings.max_message_bytes)
-    forwarder = Forwarder(
-        http,
-        resolver,
-        signer,
-        clock,
-        metrics,
-        max_batch_bytes=max_body_bytes,
-        probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
-    )
-    health = PeerHealth(settings.probe_interval_s)
-    outbox = Outbox(
-        store,
-        forwarder,
-        twin,
-        health,
-        backoff=backoff,
-        hold_offline=settings.hold_offline,
-        clock=clock,
-        metrics=metrics,
-        events=events,
-    )
     door_redis = open_redis(settings, settings.redis_connections, wait_s=settings.door_redis_wait_s)
     door = Door(
         Store(door_redis),
@@ -453,10 +443,46 @@ async def open_site(
         max_message_bytes=max_body_bytes,
         rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
     )
-    return Site(settings, twin, redis, door_redis, http, store, outbox, door, clock, metrics, events)
+    links = None
+    if settings.links:
+        links = Links(
+            twin,
+            signer,
+            resolver,
+            http,
+            functools.partial(answer_link_frame, door),
+            timeout_s=settings.send_timeout_s,
+            ping_s=settings.link_ping_s,
+            max_frame_bytes=max_body_bytes,
+        )
+    forwarder = Forwarder(
+        http,
+        resolver,
+        signer,
+        clock,
+        metrics,
+        max_batch_bytes=max_body_bytes,
+        probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
+        links=links,
+    )
+    health = PeerHealth(settings.probe_interval_s)
+    outbox = Outbox(
+        store,
+        forwarder,
+        twin,
+        health,
+        backoff=backoff,
+        hold_offline=settings.hold_offline,
+        clock=clock,
+        metrics=metrics,
+        events=events,
+    )
+    return Site(settings, twin, redis, door_redis, http, store, outbox, door, clock, metrics, events, links)
 
 
 async def close_site(site: Site) -> None:
+    if site.links is not None:
+        await site.links.aclose()
     site.events.close()
     await site.http.aclose()
     await site.door_redis.aclose()

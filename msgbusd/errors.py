@@ -103,6 +103,11 @@ def expired_text(exp_s: int) -> str:
     return f"request timeout (expiration reached, {exp_s})"
 
 
+def too_large_text(max_bytes: int) -> str:
+    """What a site answers (413) to a message over its size limit."""
+    return f"message too large: this site takes at most {max_bytes} bytes"
+
+
 def http_error_body(message: str) -> bytes:
     """The body go-rmb answers errors with (capitalised keys)."""
     return json.dumps({"Status": "error", "Message": message}).encode()

@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 from http import HTTPStatus
 
 from msgbusd.envelope import Envelope
-from msgbusd.errors import DeliveryError
+from msgbusd.errors import DeliveryError, too_large_text
 from msgbusd.http_client import HttpClients, HttpFailed, HttpReply
+from msgbusd.links import Link, LinkClosed, Links
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
 from msgbusd.signing import Signer
@@ -52,8 +53,10 @@ class Forwarder:
         *,
         max_batch_bytes: int = 12 * 1024 * 1024,
         probe_timeout_s: float = 5.0,
+        links: Links | None = None,
     ) -> None:
         self._http = http
+        self._links = links
         self._probe_timeout_s = probe_timeout_s
         self._max_batch_bytes = max_batch_bytes
         self._resolver = resolver
@@ -91,8 +94,17 @@ class Forwarder:
 
         msgbus sites take them all in one POST to ``/zbus-batch``; a site that does not know that endpoint
         (go-rmb) gets them one POST each, and is remembered for a while. Once the twin stops answering, the
-        items not sent yet get the same "offline" error without being tried.
+        items not sent yet get the same "offline" error without being tried. When links are on, a msgbus
+        site gets them over its link instead (:mod:`msgbusd.links`).
         """
+        if self._links is not None:
+            try:
+                replies_only = all(path == REPLY_PATH for path, _env in items)
+                link = await self._links.link_to(twin_id, replies_only=replies_only)
+            except DeliveryError as exc:
+                return [exc] * len(items)
+            if link is not None:
+                return await self._send_over(link, twin_id, items)
         if len(items) > 1 and self._batch_unsupported.get(twin_id, 0.0) <= self._clock():
             try:
                 return await self._send_batch(twin_id, items)
@@ -118,13 +130,47 @@ class Forwarder:
                     break
         return results
 
+    async def _send_over(
+        self, link: Link, twin_id: int, items: Sequence[tuple[str, Envelope]]
+    ) -> list[DeliveryError | None]:
+        assert self._links is not None
+        limit = link.peer_max_bytes
+        results: list[DeliveryError | None] = [None] * len(items)
+        sendable: list[int] = []
+        messages: list[bytes] = []
+        for index, (path, env) in enumerate(items):
+            wire = json.dumps(self._sign(env).to_wire()).encode()
+            if len(wire) > limit:
+                # The peer said how much it takes when the link opened: this one it would refuse.
+                results[index] = _refusal(twin_id, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, too_large_text(limit))
+                continue
+            sendable.append(index)
+            messages.append(b'{"path":"%s","envelope":%b}' % (path.encode(), wire))
+        done = 0
+        for chunk in _chunks(messages, limit):
+            indexes = sendable[done : done + len(chunk)]
+            done += len(chunk)
+            started = time.perf_counter()
+            try:
+                answers = await link.send(chunk, self._links.timeout_s)
+            except LinkClosed as exc:
+                error = DeliveryError(f"the link to twin {twin_id} broke: {exc}", offline=True)
+                for index in indexes:
+                    results[index] = error
+                for index in sendable[done:]:
+                    results[index] = error.not_attempted()
+                return results
+            self._metrics.observe_send("link", time.perf_counter() - started)
+            for index, answer in zip(indexes, answers, strict=True):
+                if answer.status != 200:
+                    results[index] = _refusal(twin_id, answer.status, answer.message, answer.retry_after_s)
+        return results
+
     async def _send_batch(
         self, twin_id: int, items: Sequence[tuple[str, Envelope]]
     ) -> list[DeliveryError | None]:
         url = await self._url(twin_id, BATCH_PATH)
-        messages = [
-            json.dumps({"path": path, "envelope": self._sign(env).to_wire()}).encode() for path, env in items
-        ]
+        messages = [_batch_message(path, self._sign(env)) for path, env in items]
         results: list[DeliveryError | None] = []
         for chunk in _chunks(messages, self._max_batch_bytes):
             try:
@@ -188,6 +234,10 @@ class Forwarder:
                 "reply" if url.endswith(REPLY_PATH) else "remote", time.perf_counter() - started
             )
         return response
+
+
+def _batch_message(path: str, env: Envelope) -> bytes:
+    return json.dumps({"path": path, "envelope": env.to_wire()}).encode()
 
 
 def _chunks(messages: list[bytes], max_bytes: int) -> list[list[bytes]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from msgbusd import event_schema as ev
@@ -23,6 +24,10 @@ from msgbusd.queues import AcceptedRequest, Outcome, PendingReply, Store
 from msgbusd.validation import validate
 
 log = logging.getLogger("msgbusd.handlers")
+
+# Requests accepted by this run, remembered so that their replies are handed over without reading the
+# backlog back (the hand-over script still checks the entry); older ones are read from Redis.
+REMEMBERED_REQUESTS = 100_000
 
 
 class Handlers:
@@ -43,6 +48,8 @@ class Handlers:
         self._twin = twin
         self._on_accepted = on_accepted
         self._clock = clock
+        # uid -> (the caller's return queue, the request's lifetime in seconds)
+        self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     async def _dead_letter(self, queue: str, raw: bytes, reason: str) -> None:
         await self._store.dead_letter(queue, raw, reason)
@@ -122,12 +129,18 @@ class Handlers:
             uids_at[position] = uids
             self._metrics.message("accepted", len(uids))
             for uid, dst in zip(uids, original.dst, strict=True):
+                self._remember(uid, original)
                 self._events.emit(ev.ACCEPTED, original, uid=uid, dst=dst, ret=original.ret)
                 items = ready.setdefault(dst, [])
                 if items is not None:
                     items.append(self._outbox.request_item(uid, original))
         self._on_accepted(ready)
         return uids_at
+
+    def _remember(self, uid: str, original: Envelope) -> None:
+        self._open[uid] = (original.ret, original.lifetime_s)
+        if len(self._open) > REMEMBERED_REQUESTS:
+            self._open.popitem(last=False)
 
     async def _refuse_local(self, raw: bytes, env: Envelope, exc: InvalidMessage) -> None:
         self._metrics.error("invalid")
@@ -256,11 +269,18 @@ class Handlers:
         self._metrics.message("reply_received", len(replies))
         for _raw, env in replies:
             self._events.emit(ev.REPLY_RECEIVED, env, src=self._twin, dst=env.src)
-        entries = await self._store.load_entries([keys.REQUEST_PREFIX + env.uid for _raw, env in replies])
+        remembered = [self._open.get(env.uid) for _raw, env in replies]
+        unknown = [
+            keys.REQUEST_PREFIX + env.uid
+            for (_raw, env), known in zip(replies, remembered, strict=True)
+            if known is None
+        ]
+        loaded = iter(await self._store.load_entries(unknown) if unknown else [])
         outcomes: list[Outcome] = []
         lifetimes: list[float] = []
-        for (raw, env), (entry, _) in zip(replies, entries, strict=True):
-            if entry is None:
+        for (raw, env), known in zip(replies, remembered, strict=True):
+            entry = None if known is not None else next(loaded)[0]
+            if known is None and entry is None:
                 # The final-outcome script acks the item and delivers nothing: the request is finished.
                 outcomes.append(Outcome(env.uid, env.ret or keys.REPLY, b"", raw))
                 lifetimes.append(0.0)
@@ -273,15 +293,22 @@ class Handlers:
                 await self._set_aside(queue, raw, env, reason)
                 log.error("dead-lettered reply: %s", reason, extra=about(uid=env.uid, src=env.src))
                 continue
-            try:
-                original = Envelope.decode(entry)
-            except EnvelopeDecodeError as exc:
-                await self._store.forget_request(env.uid)
-                await self._set_aside(queue, raw, env, f"backlog entry of {env.uid} unreadable: {exc.reason}")
-                continue
-            outcomes.append(Outcome(env.uid, original.ret, env.replace(ret=original.ret).encode(), raw))
-            lifetimes.append(original.lifetime_s)
+            if known is None:
+                assert entry is not None
+                try:
+                    original = Envelope.decode(entry)
+                except EnvelopeDecodeError as exc:
+                    await self._store.forget_request(env.uid)
+                    reason = f"backlog entry of {env.uid} unreadable: {exc.reason}"
+                    await self._set_aside(queue, raw, env, reason)
+                    continue
+                known = (original.ret, original.lifetime_s)
+            ret, lifetime_s = known
+            outcomes.append(Outcome(env.uid, ret, env.replace(ret=ret).encode(), raw))
+            lifetimes.append(lifetime_s)
         delivered = await self._store.finish_many(outcomes, ack_queue=queue)
+        for outcome in outcomes:
+            self._open.pop(outcome.uid, None)
         now = self._clock()
         for outcome, lifetime_s, deadline in zip(outcomes, lifetimes, delivered, strict=True):
             if deadline is not None:

@@ -22,15 +22,16 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from msgbusd import event_schema as ev
 from msgbusd import keys, openapi
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
-from msgbusd.errors import InvalidMessage, RejectedRequest, go_duration, http_error_body
+from msgbusd.errors import InvalidMessage, RejectedRequest, go_duration, http_error_body, too_large_text
 from msgbusd.event_log import EventLog
 from msgbusd.forwarder import BATCH_PATH, REMOTE_PATH, REPLY_PATH
+from msgbusd.links import LINK_PATH, Links
 from msgbusd.metrics import ErrorCause, Metrics
 from msgbusd.queues import Inbound, Store
 from msgbusd.rate_limit import TokenBuckets
@@ -127,8 +128,7 @@ class Door:
 
     def too_large(self) -> RejectedRequest:
         """The error for a body over :attr:`max_message_bytes` (counted and recorded)."""
-        message = f"message too large: this site takes at most {self.max_message_bytes} bytes"
-        return self._rejected("too_large", 413, message)
+        return self._rejected("too_large", 413, too_large_text(self.max_message_bytes))
 
     async def take(self, messages: list[tuple[str, Envelope]]) -> None:
         """Hand on checked envelopes that came in on ``/zbus-remote`` or ``/zbus-reply``: valid requests to
@@ -156,6 +156,27 @@ class Door:
         if replies and self.deliver_replies is not None:
             await self.deliver_replies(replies)
 
+    async def answer(self, messages: list[object], peer: int | None = None) -> list[dict[str, object]]:
+        """Check and take ``{"path", "envelope"}`` messages that came together; one answer per message,
+        in order (``{"status": 200}`` or the status and go-rmb's text). ``peer``: the twin at the other end
+        of a link, the only source taken from it."""
+        results: list[dict[str, object]] = [{"status": 200} for _ in messages]
+        accepted: list[tuple[str, Envelope]] = []
+        for index, message in enumerate(messages):
+            try:
+                path, env = _batch_item(message)
+                if peer is not None and env.src != peer:
+                    message = f"this link carries twin {peer}'s messages only"
+                    raise self._rejected("invalid", 400, message, env)
+                await self.check(env)
+                self.refuse_proxied(env)
+            except RejectedRequest as exc:
+                results[index] = {"status": exc.status, "message": exc.message}
+                continue
+            accepted.append((path, env))
+        await self.take(accepted)
+        return results
+
     def _record_hand_overs(self, items: list[Inbound], queued: list[bool]) -> None:
         if not self.events.enabled:
             return
@@ -181,7 +202,10 @@ class Door:
         return Inbound(target, env.encode(), env.src, seen_id(env), ttl_s, to_service=True, envelope=env)
 
 
-def create_app(door: Door, extra_routes: Sequence[Route] = ()) -> Starlette:
+def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links | None = None) -> Starlette:
+    """The site port's app: the RMB endpoints, ``/zbus-batch``, and ``/zbus-link`` when ``links`` is given
+    (without it, an upgrade is refused and peers send POSTs)."""
+
     async def remote(request: Request) -> Response:
         await door.take([(REMOTE_PATH, await door.verified(request))])
         return _accepted()
@@ -222,6 +246,8 @@ def create_app(door: Door, extra_routes: Sequence[Route] = ()) -> Starlette:
         Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         *extra_routes,
     ]
+    if links is not None:
+        routes.append(WebSocketRoute(LINK_PATH, links.serve))
     return Starlette(routes=routes, middleware=[Middleware(_BodyLimit, door=door)])
 
 
@@ -304,19 +330,20 @@ async def take_batch(door: Door, body: bytes) -> bytes:
             raise TypeError("messages is not a list")
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise RejectedRequest(400, "couldn't parse json") from exc
-    results: list[dict[str, object]] = [{"status": 200} for _ in messages]
-    accepted: list[tuple[str, Envelope]] = []
-    for index, message in enumerate(messages):
-        try:
-            path, env = _batch_item(message)
-            await door.check(env)
-            door.refuse_proxied(env)
-        except RejectedRequest as exc:
-            results[index] = {"status": exc.status, "message": exc.message}
-            continue
-        accepted.append((path, env))
-    await door.take(accepted)
-    return json.dumps({"results": results}).encode()
+    return json.dumps({"results": await door.answer(messages)}).encode()
+
+
+async def answer_link_frame(door: Door, peer: int, messages: list[object]) -> list[dict[str, object]]:
+    """The answers to a frame of envelopes that came over a link from twin ``peer``: as for a batch, and
+    only envelopes from ``peer`` are taken (a site speaks for itself on its links). When Redis cannot take
+    them, every envelope is answered 503 with ``retry_after``: the peer sends them again then."""
+    try:
+        return await door.answer(messages, peer)
+    except RedisError as exc:
+        log.error("redis failed while taking a frame from twin %s: %s", peer, exc)
+        door.metrics.error("redis")
+        message = f"couldn't queue the message, the site's redis failed: {exc}"
+        return [{"status": 503, "message": message, "retry_after": REDIS_RETRY_AFTER_S} for _ in messages]
 
 
 def _batch_item(message: object) -> tuple[str, Envelope]:

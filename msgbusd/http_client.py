@@ -7,6 +7,7 @@ the rules router its calls to cloud APIs and edge services.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +45,34 @@ class HttpClients:
         self._per_origin = per_origin
         self._session: aiohttp.ClientSession | None = None
 
+    async def websocket(
+        self, url: str, *, heartbeat_s: float, max_message_bytes: int, timeout_s: float
+    ) -> aiohttp.ClientWebSocketResponse:
+        """Open a WebSocket to ``url`` (pinged every ``heartbeat_s``, closed when a pong is late); raises
+        ``aiohttp.WSServerHandshakeError`` when the server answers with plain HTTP, ``aiohttp.ClientError``
+        or ``TimeoutError`` when it cannot be reached."""
+        session = self._open()
+        return await asyncio.wait_for(
+            session.ws_connect(
+                url,
+                heartbeat=heartbeat_s,
+                max_msg_size=max_message_bytes,
+                autoclose=True,
+                compress=0,
+            ),
+            timeout_s,
+        )
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_origin)
+            self._session = aiohttp.ClientSession(connector=connector)
+            # aiohttp sends a GET, PUT or DELETE again on its own when the connection drops before the
+            # answer; the caller is told what happened instead (a call must not run twice behind its
+            # back). There is no public switch for it.
+            self._session._retry_connection = False
+        return self._session
+
     async def request(
         self,
         method: str,
@@ -54,16 +83,10 @@ class HttpClients:
         timeout_s: float | None = None,
     ) -> HttpReply:
         """Make one request; raises :class:`HttpFailed` when no answer came."""
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_origin)
-            self._session = aiohttp.ClientSession(connector=connector)
-            # aiohttp sends a GET, PUT or DELETE again on its own when the connection drops before the
-            # answer; the caller is told what happened instead (a call must not run twice behind its
-            # back). There is no public switch for it.
-            self._session._retry_connection = False
+        session = self._open()
         timeout = timeout_s if timeout_s is not None else self._timeout_s
         try:
-            async with self._session.request(
+            async with session.request(
                 method,
                 url,
                 headers=list(headers),

@@ -56,7 +56,7 @@ ErrorCause = Literal[
     "redis",
     "other",
 ]
-SendPath = Literal["remote", "reply"]
+SendPath = Literal["remote", "reply", "link"]
 
 MESSAGE_EVENTS: tuple[MessageEvent, ...] = get_args(MessageEvent)
 ERROR_CAUSES: tuple[ErrorCause, ...] = get_args(ErrorCause)
@@ -96,7 +96,8 @@ class Metrics:
         self.errors = Counter("msgbus_errors", "Failures by cause.", ["cause"], registry=reg)
         self.send_seconds = Histogram(
             "msgbus_send_seconds",
-            "Duration of HTTP POSTs to other sites (remote: requests, reply: replies).",
+            "Duration of sends to other sites: HTTP POSTs (remote: requests, reply: replies), and frames "
+            "over links until their ack (link).",
             ["path"],
             buckets=SEND_BUCKETS,
             registry=reg,
@@ -116,6 +117,9 @@ class Metrics:
         self.inflight = Gauge("msgbus_inflight", "Items being handled right now.", registry=reg)
         self.peers_down = Gauge(
             "msgbus_peers_down", "Peers whose site does not answer (probed until it does).", registry=reg
+        )
+        self.links_open = Gauge(
+            "msgbus_links_open", "Open links to other msgbus sites (either side opened them).", registry=reg
         )
         self.refresh_ok = Gauge(
             "msgbus_refresh_ok",
@@ -163,6 +167,9 @@ class Metrics:
     def set_inflight(self, count: int) -> None:
         """Set the number of items being handled."""
         self.inflight.set(count)
+
+    def set_links_open(self, count: int) -> None:
+        self.links_open.set(count)
 
     def set_peers_down(self, count: int) -> None:
         """Set the number of peers whose site does not answer."""

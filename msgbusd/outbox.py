@@ -185,11 +185,11 @@ class Outbox:
             **direction,
         )
 
-    async def items_sent(self, items: list[SendItem]) -> None:
-        """The peer has these: forget the replies among them (requests now wait for their reply)."""
+    def items_sent(self, items: list[SendItem]) -> list[str]:
+        """The peer has these: count them; returns the keys of the replies among them, for the sender to
+        forget (requests now wait for their reply)."""
         replies = [item.reply_key for item in items if item.original is None]
         if replies:
-            await self._store.forget_replies(replies)
             self.metrics.message("reply_sent", len(replies))
         if len(replies) < len(items):
             self.metrics.message("sent", len(items) - len(replies))
@@ -200,6 +200,7 @@ class Outbox:
                 item.envelope.dst[0],
                 extra=about(uid=item.envelope.uid, cmd=item.envelope.cmd, dst=item.envelope.dst[0]),
             )
+        return replies
 
     async def item_failed(self, item: SendItem, cause: str, *, final: bool = False) -> None:
         if item.original is not None:

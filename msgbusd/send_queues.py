@@ -13,26 +13,36 @@ import redis.asyncio as aioredis
 
 from msgbusd import keys
 
-# Removes the first ``count`` entries of a destination's send queue if it still starts with ``first``;
-# forgets an emptied queue. KEYS: send queue, destinations set. ARGV: first entry, count, destination.
-_DROP_HEAD = """
-if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then redis.call('LPOP', KEYS[1], tonumber(ARGV[2])) end
-if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[3]) end
-return 1
-"""
-
-# Removes the first entries of a send queue if they are exactly ARGV[2..]; forgets an emptied queue.
-# KEYS: send queue, destinations set. ARGV: destination, entries... Returns 0 when they are not.
-_DROP_EXACT = """
-local n = #ARGV - 1
-local head = redis.call('LRANGE', KEYS[1], 0, n - 1)
-if #head ~= n then return 0 end
-for i = 1, n do
-  if head[i] ~= ARGV[i + 1] then return 0 end
+# After a send: forgets the replies the peer now has (payload, state, outbox entry) and pops the send queue's
+# head, all at once. KEYS: send queue, destinations set, replies, reply states, outbox. ARGV: destination,
+# then either 'exact', n and n entries (pop them if the queue starts with exactly them) or 'head', n and one
+# entry (pop n entries if the queue still starts with it), then the keys of the replies to forget. Returns
+# 0 when the head was not what was given (nothing popped), else 1.
+_SENT = """
+local n = tonumber(ARGV[3])
+local given = n
+if ARGV[2] == 'head' and n > 0 then given = 1 end
+local popped = 1
+if n > 0 then
+  local head = redis.call('LRANGE', KEYS[1], 0, n - 1)
+  if #head == 0 or head[1] ~= ARGV[4] then popped = 0 end
+  if ARGV[2] == 'exact' then
+    if #head ~= n then popped = 0 end
+    for i = 2, n do
+      if popped == 1 and head[i] ~= ARGV[3 + i] then popped = 0 end
+    end
+  end
+  if popped == 1 then
+    redis.call('LPOP', KEYS[1], #head)
+    if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
+  end
 end
-redis.call('LPOP', KEYS[1], n)
-if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
-return 1
+for i = 4 + given, #ARGV do
+  redis.call('HDEL', KEYS[3], ARGV[i])
+  redis.call('HDEL', KEYS[4], ARGV[i])
+  redis.call('ZREM', KEYS[5], 'rep:' .. ARGV[i])
+end
+return popped
 """
 
 # Moves the re-sends that are due from the outbox to the tail of their destinations' send queues; returns
@@ -58,9 +68,8 @@ def text(value: Any) -> str:
 class SendQueues:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
-        self._drop_head = redis.register_script(_DROP_HEAD)
-        self._drop_exact = redis.register_script(_DROP_EXACT)
         self._release_due = redis.register_script(_RELEASE_DUE)
+        self._sent = redis.register_script(_SENT)
 
     async def pending_destinations(self) -> list[int]:
         """Destinations whose send queue is not empty (what a previous run left to send)."""
@@ -69,10 +78,6 @@ class SendQueues:
     async def send_queue_heads(self, dst: int, count: int) -> list[str]:
         """The first ``count`` entries (``req:<uid>`` or ``rep:<key>``) of ``dst``'s send queue."""
         return [text(e) for e in await self.redis.lrange(keys.send_queue(dst), 0, count - 1)]
-
-    async def drop_send_queue_heads(self, dst: int, first: str, count: int) -> None:
-        """Remove the first ``count`` entries of ``dst``'s send queue, which start with ``first``."""
-        await self._drop_head(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[first, count, dst])
 
     async def send_queue_range(self, dst: int, start: int, count: int) -> list[str]:
         """``count`` entries of ``dst``'s send queue from index ``start``."""
@@ -101,10 +106,26 @@ class SendQueues:
         """``dst`` answers again: nothing waiting for it gives up any more."""
         await self.redis.delete(keys.give_up(dst))
 
-    async def drop_exact(self, dst: int, entries: Sequence[str]) -> bool:
-        """Remove ``entries`` from the head of ``dst``'s send queue if it starts with exactly them."""
-        done = await self._drop_exact(keys=[keys.send_queue(dst), keys.DESTINATIONS], args=[dst, *entries])
-        return bool(done)
+    async def sent(
+        self,
+        dst: int,
+        replies: Sequence[str],
+        *,
+        exact: Sequence[str] = (),
+        head: tuple[str, int] | None = None,
+    ) -> bool:
+        """After a send to ``dst``, in one round trip: forget the ``replies`` (keys) the peer now has, and pop
+        the send queue's head: the entries ``exact`` if the queue starts with exactly them, or ``head``'s
+        count of entries if it still starts with ``head``'s first. False if the head was not that (nothing
+        popped)."""
+        if head is not None:
+            pop: list[Any] = ["head", head[1], head[0]] if head[1] else ["head", 0]
+        else:
+            pop = ["exact", len(exact), *exact]
+        if pop[1] == 0 and not replies:
+            return True
+        script_keys = [keys.send_queue(dst), keys.DESTINATIONS, keys.REPLIES, keys.REPLY_STATE, keys.OUTBOX]
+        return bool(await self._sent(keys=script_keys, args=[dst, *pop, *replies]))
 
     async def release_due(self, now: float, limit: int) -> list[str]:
         """Move up to ``limit`` re-sends due by ``now`` to their send queues; returns them."""

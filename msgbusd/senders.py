@@ -229,14 +229,16 @@ class Senders:
         """Send what was just queued straight from memory; the Redis queue is popped, not read."""
         items = [lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))]
         entries = [item.entry for item in items]
-        done = await self._deliver(dst, lane, entries, items)
-        if done == len(entries) and await self._store.drop_exact(dst, entries):
+        done, replies = await self._deliver(dst, lane, entries, items)
+        if done == len(entries):
+            if not await self._store.sent(dst, replies, exact=entries):
+                # The queue is not what memory says (another writer got in between): the Redis path sends
+                # from the queue again (receivers drop duplicates).
+                lane.distrust()
             return
-        # Held messages, or a queue that is not what memory says (another writer got in between): pop only
-        # what is certainly dealt with, and let the Redis path send the rest (receivers drop duplicates).
+        # Held messages: pop only what is certainly dealt with, and let the Redis path send the rest.
         lane.distrust()
-        if done:
-            await self._store.drop_exact(dst, entries[:done])
+        await self._store.sent(dst, replies, exact=entries[:done])
 
     async def _send_some(self, dst: int, lane: _Lane) -> bool:
         """Send the next batch of ``dst``'s queue; False when the queue is empty."""
@@ -244,16 +246,18 @@ class Senders:
         if not entries:
             return False
         items = await self._outbox.prepare(entries)
-        done = await self._deliver(dst, lane, entries, items) if items else len(entries)
-        if done:
-            await self._store.drop_send_queue_heads(dst, entries[0], done)
+        done, replies = await self._deliver(dst, lane, entries, items) if items else (len(entries), [])
+        await self._store.sent(dst, replies, head=(entries[0], done))
         return True
 
-    async def _deliver(self, dst: int, lane: _Lane, entries: list[str], items: list[SendItem]) -> int:
-        """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue)."""
+    async def _deliver(
+        self, dst: int, lane: _Lane, entries: list[str], items: list[SendItem]
+    ) -> tuple[int, list[str]]:
+        """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue), and
+        the keys of the replies the peer took (to forget)."""
         outbox = self._outbox
         results = await outbox.send_items(dst, items)
-        await outbox.items_sent([item for item, error in zip(items, results, strict=True) if error is None])
+        replies = outbox.items_sent([it for it, error in zip(items, results, strict=True) if error is None])
         for index, (item, error) in enumerate(zip(items, results, strict=True)):
             if error is None:
                 continue
@@ -266,7 +270,7 @@ class Senders:
                     extra=about(dst=dst),
                 )
                 lane.paused_until = time.monotonic() + error.retry_after_s
-                return entries.index(item.entry)
+                return entries.index(item.entry), replies
             if error.offline:
                 self._peer_down(dst, error)
                 if not outbox.hold_offline:
@@ -274,9 +278,9 @@ class Senders:
                         it for it, e in zip(items[index:], results[index:], strict=True) if e and e.attempted
                     ]
                     await outbox.failed_while_offline(attempted, error.cause)
-                return entries.index(item.entry)
+                return entries.index(item.entry), replies
             await outbox.item_failed(item, error.cause, final=error.final)
-        return len(entries)
+        return len(entries), replies
 
     async def _pause(self, delay_s: float) -> None:
         """Wait ``delay_s``, or until the daemon stops."""

@@ -62,6 +62,10 @@ class Settings:
     drain_grace_s: float = 10.0
     # Keep messages to an unreachable twin (without spending their tries) until it is back or they expire.
     hold_offline: bool = False
+    # Messages to and from other msgbus sites go over one WebSocket per peer (else one POST per batch, as
+    # to go-rmb sites); pings on a link go this often, and a link whose pong is late is closed.
+    links: bool = True
+    link_ping_s: float = 5.0
     # Where to write the event log (None: no event log), and when to start its next file.
     event_log_dir: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024

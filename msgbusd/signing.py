@@ -40,20 +40,21 @@ class SignatureError(Exception):
 
 def challenge(env: Envelope, dat: str | None = None) -> bytes:
     """The 16-byte MD5 digest an envelope's signature covers. ``dat`` replaces ``env.dat`` when given."""
-    text = "".join(
-        (
-            str(env.ver),
-            env.uid,
-            env.cmd,
-            env.dat if dat is None else dat,
-            str(env.src),
-            "".join(str(d) for d in env.dst),
-            env.ret,
-            str(env.now),
-            "true" if env.pxy else "false",
-        )
-    )
-    return hashlib.md5(_utf8(text)).digest()
+    digest = hashlib.md5()
+    # Field by field: a large payload is hashed where it is, not copied into one text first.
+    for field in (
+        str(env.ver),
+        env.uid,
+        env.cmd,
+        env.dat if dat is None else dat,
+        str(env.src),
+        "".join(str(d) for d in env.dst),
+        env.ret,
+        str(env.now),
+        "true" if env.pxy else "false",
+    ):
+        digest.update(_utf8(field))
+    return digest.digest()
 
 
 class Signer:
@@ -115,18 +116,23 @@ def verify(env: Envelope, public_key: bytes, dat: str | None = None) -> None:
 
     Checks run in go-rmb's order: empty, hex, type byte, length, signature.
     """
-    if not env.sig:
+    verify_digest(env.sig, challenge(env, dat), public_key)
+
+
+def verify_digest(sig: str, digest: bytes, public_key: bytes) -> None:
+    """Check a wire signature ``sig`` (hex of type byte + signature) of ``digest``; raise
+    :class:`SignatureError` if bad."""
+    if not sig:
         raise SignatureError(EMPTY_SIGNATURE)
     try:
-        raw = binascii.unhexlify(env.sig)
+        raw = binascii.unhexlify(sig)
     except ValueError:
-        raise SignatureError(f"couldn't decode signature: {_go_hex_error(env.sig)}") from None
+        raise SignatureError(f"couldn't decode signature: {_go_hex_error(sig)}") from None
     type_byte = raw[:1]
     if type_byte not in (TYPE_ED25519, TYPE_SR25519):
         raise SignatureError(f"unrecognized signature prefix {type_byte.hex()}")
     if len(raw) != SIGNATURE_LENGTH:
         raise SignatureError(BAD_SIGNATURE)
-    digest = challenge(env, dat)
     signature = raw[1:]
     if type_byte == TYPE_ED25519:
         ok = _verify_ed25519(public_key, digest, signature)

@@ -85,7 +85,7 @@ class Waiting:
             live = {item.entry for item in await self._outbox.prepare(entries)}
             finished = next((i for i, entry in enumerate(entries) if entry in live), len(entries))
             if finished:
-                await self._store.drop_send_queue_heads(dst, entries[0], finished)
+                await self._store.sent(dst, [], head=(entries[0], finished))
                 dropped += finished
             if finished < len(entries):
                 break

@@ -66,19 +66,48 @@ async def test_batched_scripts_survive_a_script_flush(async_redis: aioredis.Redi
     assert await async_redis.llen(keys.processing(keys.REMOTE)) == 0
 
 
-async def test_drop_exact_pops_only_when_the_head_is_exactly_what_was_sent(
-    async_redis: aioredis.Redis,
-) -> None:
+async def test_sent_pops_only_when_the_head_is_exactly_what_was_sent(async_redis: aioredis.Redis) -> None:
     store = Store(async_redis)
     await async_redis.rpush(keys.send_queue(2), "req:a", "req:b", "req:c")
     await async_redis.sadd(keys.DESTINATIONS, 2)
-    assert await store.drop_exact(2, ["req:b"]) is False
-    assert await store.drop_exact(2, ["req:a", "req:c"]) is False
-    assert await store.drop_exact(2, ["req:a", "req:b"]) is True
+    assert await store.sent(2, [], exact=["req:b"]) is False
+    assert await store.sent(2, [], exact=["req:a", "req:c"]) is False
+    assert await store.sent(2, [], exact=["req:a", "req:b"]) is True
     assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:c"]
-    assert await store.drop_exact(2, ["req:c", "req:d"]) is False
-    assert await store.drop_exact(2, ["req:c"]) is True
+    assert await store.sent(2, [], exact=["req:c", "req:d"]) is False
+    assert await store.sent(2, [], exact=["req:c"]) is True
     assert await store.pending_destinations() == []
+
+
+async def test_sent_pops_a_head_that_still_starts_with_the_first_entry(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.send_queue(2), "req:a", "req:b", "req:c")
+    await async_redis.sadd(keys.DESTINATIONS, 2)
+    assert await store.sent(2, [], head=("req:b", 2)) is False
+    assert await store.sent(2, [], head=("req:a", 2)) is True
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:c"]
+    assert await store.sent(2, [], head=("req:c", 0)) is True
+    assert await store.pending_destinations() == [2]
+    assert await store.sent(2, [], head=("req:c", 5)) is True
+    assert await store.pending_destinations() == []
+
+
+async def test_sent_forgets_the_replies_the_peer_took_whatever_the_head(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.send_queue(2), "rep:2|x", "rep:2|y")
+    await async_redis.sadd(keys.DESTINATIONS, 2)
+    for key in ("2|x", "2|y"):
+        await async_redis.hset(keys.REPLIES, key, b"payload")
+        await async_redis.hset(keys.REPLY_STATE, key, b"{}")
+        await async_redis.zadd(keys.OUTBOX, {"rep:" + key: 1.0})
+    # Another writer changed the head: nothing is popped, the reply the peer took is forgotten all the same.
+    assert await store.sent(2, ["2|y"], exact=["rep:2|y"]) is False
+    assert await async_redis.hkeys(keys.REPLIES) == [b"2|x"]
+    assert await async_redis.hkeys(keys.REPLY_STATE) == [b"2|x"]
+    assert await async_redis.zrange(keys.OUTBOX, 0, -1) == [b"rep:2|x"]
+    assert await store.sent(2, ["2|x"], head=("rep:2|x", 1)) is True
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"rep:2|y"]
+    assert await async_redis.hlen(keys.REPLIES) == 0
 
 
 async def test_only_the_first_outcome_of_a_request_reaches_its_caller(async_redis: aioredis.Redis) -> None:
