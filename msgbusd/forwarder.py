@@ -11,7 +11,8 @@ from http import HTTPStatus
 from msgbusd.envelope import Envelope
 from msgbusd.errors import DeliveryError, too_large_text
 from msgbusd.http_client import HttpClients, HttpFailed, HttpReply
-from msgbusd.links import Link, LinkClosed, Links
+from msgbusd.link_sockets import LinkClosed
+from msgbusd.links import Link, Links
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
 from msgbusd.signing import Signer

@@ -35,14 +35,15 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import orjson
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from msgbusd.errors import DeliveryError
 from msgbusd.http_client import HttpClients
+from msgbusd.link_sockets import REFUSED, ClientSocket, LinkClosed, ServerSocket, Socket
 from msgbusd.logs import about
 from msgbusd.signing import SignatureError, Signer, verify_digest
 from twin_resolver.address import peer_url
@@ -51,8 +52,6 @@ from twin_resolver.base import Resolver, ResolverError
 log = logging.getLogger("msgbusd.links")
 
 LINK_PATH = "/zbus-link"
-# The close code of a refused handshake (4000-4999 are the application's).
-REFUSED = 4403
 # Frames received and not yet answered, per link: the sender waits for acks, so more means a flood.
 INBOUND_FRAMES = 16
 # A twin whose site answers the upgrade with plain HTTP is sent POSTs this long before it is asked again.
@@ -71,15 +70,6 @@ class Result:
     retry_after_s: float | None = None
 
 
-class LinkClosed(Exception):
-    """The link closed (or stalled) before a frame was answered; what it carried is sent again.
-    ``refused``: the other side refused the handshake, or failed ours."""
-
-    def __init__(self, reason: str, *, refused: bool = False) -> None:
-        super().__init__(reason)
-        self.refused = refused
-
-
 class LinkUnsupported(Exception):
     """The peer's site answered the upgrade with plain HTTP: it is not a msgbus site."""
 
@@ -89,115 +79,12 @@ def handshake_digest(signer_twin: int, other_twin: int, nonce: str) -> bytes:
     return hashlib.sha256(f"msgbus-link\n{signer_twin}\n{other_twin}\n{nonce}".encode()).digest()
 
 
-class _Socket(Protocol):
-    async def send(self, data: bytes) -> None: ...
-
-    async def receive(self) -> bytes | None:
-        """The next message, or None once the link is closed."""
-
-    async def close(self, code: int, reason: str) -> None: ...
-
-    def close_reason(self) -> str: ...
-
-    def refused(self) -> bool:
-        """Whether the other side closed with :data:`REFUSED`."""
-
-
-class _ClientSocket:
-    """The opener's end (aiohttp)."""
-
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self._ws = ws
-        self._reason = ""
-        self._code: int | None = None
-
-    async def send(self, data: bytes) -> None:
-        try:
-            await self._ws.send_bytes(data)
-        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
-            raise LinkClosed(str(exc) or type(exc).__name__) from exc
-
-    async def receive(self) -> bytes | None:
-        message = await self._ws.receive()
-        if message.type == aiohttp.WSMsgType.BINARY:
-            return bytes(message.data)
-        if message.type == aiohttp.WSMsgType.TEXT:
-            return str(message.data).encode()
-        if message.type == aiohttp.WSMsgType.CLOSE:
-            self._code = message.data
-            self._reason = f"closed by the peer ({message.data} {message.extra or ''})".strip()
-        elif message.type == aiohttp.WSMsgType.ERROR:
-            self._reason = f"failed: {message.data}"
-        else:
-            self._reason = self._reason or "closed"
-        return None
-
-    async def close(self, code: int, reason: str) -> None:
-        self._reason = self._reason or reason
-        with contextlib.suppress(Exception):
-            await self._ws.close(code=code, message=reason.encode()[:120])
-
-    def close_reason(self) -> str:
-        return self._reason or "closed"
-
-    def refused(self) -> bool:
-        return self._code == REFUSED
-
-
-class _ServerSocket:
-    """The site's end (starlette, on the site port)."""
-
-    def __init__(self, ws: WebSocket) -> None:
-        self._ws = ws
-        self._reason = ""
-        self._closed = False
-
-    async def send(self, data: bytes) -> None:
-        if self._closed:
-            raise LinkClosed(self.close_reason())
-        try:
-            await self._ws.send_bytes(data)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise LinkClosed(str(exc) or type(exc).__name__) from exc
-
-    async def receive(self) -> bytes | None:
-        if self._closed:
-            return None
-        try:
-            message = await self._ws.receive()
-        except (RuntimeError, OSError) as exc:
-            self._closed = True
-            self._reason = f"failed: {exc}"
-            return None
-        if message["type"] == "websocket.disconnect":
-            self._closed = True
-            self._reason = f"closed by the peer ({message.get('code', '')} {message.get('reason') or ''})"
-            return None
-        if message.get("bytes") is not None:
-            return bytes(message["bytes"])
-        return str(message.get("text", "")).encode()
-
-    async def close(self, code: int, reason: str) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._reason = self._reason or reason
-        with contextlib.suppress(Exception):
-            await self._ws.close(code=code, reason=reason[:120])
-
-    def close_reason(self) -> str:
-        return (self._reason or "closed").strip()
-
-    def refused(self) -> bool:
-        return False
-
-
 class Link:
     """An open link to twin ``peer``: sends frames and waits for their acks, answers the peer's frames in
     the order they came."""
 
     def __init__(
-        self, peer: int, socket: _Socket, answer: Answer, *, opened_here: bool, peer_max_bytes: int
+        self, peer: int, socket: Socket, answer: Answer, *, opened_here: bool, peer_max_bytes: int
     ) -> None:
         self.peer = peer
         self.opened_here = opened_here
@@ -229,7 +116,12 @@ class Link:
         answered: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
         self._pending[frame_id] = answered
         try:
-            await self._write(b'{"op":"send","id":%d,"messages":[%b]}' % (frame_id, b",".join(messages)))
+            try:
+                await self._write(b'{"op":"send","id":%d,"messages":[%b]}' % (frame_id, b",".join(messages)))
+            except LinkClosed as exc:
+                # Not used again: the next send opens a new link.
+                await self.close(str(exc))
+                raise
             try:
                 results = await asyncio.wait_for(answered, timeout_s)
             except TimeoutError:
@@ -385,7 +277,7 @@ class Links:
     async def serve(self, websocket: WebSocket) -> None:
         """``/zbus-link``: a peer opens a link to this site."""
         await websocket.accept()
-        socket = _ServerSocket(websocket)
+        socket = ServerSocket(websocket)
         try:
             peer, peer_max_bytes = await asyncio.wait_for(self._greet(socket), self.timeout_s)
         except (TimeoutError, _Refused, LinkClosed) as exc:
@@ -464,7 +356,7 @@ class Links:
             raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
         except aiohttp.ClientError as exc:
             raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
-        socket = _ClientSocket(ws)
+        socket = ClientSocket(ws)
         try:
             peer_max_bytes = await asyncio.wait_for(
                 self._introduce(socket, twin_id, twin.public_key), self.timeout_s
@@ -481,7 +373,7 @@ class Links:
         log.info("opened a link to twin %s at %s", twin_id, url, extra=about(twin=twin_id))
         return Link(twin_id, socket, self._answer, opened_here=True, peer_max_bytes=peer_max_bytes)
 
-    async def _introduce(self, socket: _Socket, twin_id: int, public_key: bytes) -> int:
+    async def _introduce(self, socket: Socket, twin_id: int, public_key: bytes) -> int:
         """The opener's half of the handshake: the largest envelope the site takes. Raises
         :class:`LinkClosed` when it fails."""
         challenge = _frame(await socket.receive(), "challenge", socket)
@@ -502,7 +394,7 @@ class Links:
             raise LinkClosed(f"the site there is not twin {twin_id}: {exc.message}", refused=True) from exc
         return _max_bytes(challenge, self.max_frame_bytes)
 
-    async def _greet(self, socket: _Socket) -> tuple[int, int]:
+    async def _greet(self, socket: Socket) -> tuple[int, int]:
         """The site's half of the handshake: the opener's twin, once it proved it holds that twin's key, and
         the largest envelope the opener takes."""
         nonce = os.urandom(16).hex()
@@ -536,7 +428,7 @@ def _max_bytes(frame: dict[str, Any], default: int) -> int:
     return value if isinstance(value, int) and value > 0 else default
 
 
-def _frame(data: bytes | None, op: str, socket: _Socket) -> dict[str, Any]:
+def _frame(data: bytes | None, op: str, socket: Socket) -> dict[str, Any]:
     if data is None:
         raise LinkClosed(socket.close_reason(), refused=socket.refused())
     try:

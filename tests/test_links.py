@@ -190,7 +190,8 @@ def test_links_cut_mid_frame_lose_nothing_and_run_nothing_twice() -> None:
         assert max(service.payloads.values()) == 1
         assert sorted(service.payloads) == sorted(b"%d" % n for n in rets)
         assert time.monotonic() - started < 60
-        assert "the link to twin 2 broke" in cluster.sites[0].log()
+        # Site 1 opened its link again after the cuts.
+        assert cluster.sites[0].log().count("opened a link to twin 2") >= 3
     finally:
         stop_cutting.set()
         for proxy in proxies:
