@@ -29,20 +29,20 @@ from msgbusd import keys
 from msgbusd.backoff import REDIS_RECONNECT, Backoff
 from msgbusd.envelope import envelope_size_limit
 from msgbusd.event_log import EventLog
-from msgbusd.forwarder import Forwarder
 from msgbusd.handlers import Handlers
-from msgbusd.health import PeerHealth
 from msgbusd.http_api import Door, answer_link_frame, create_app, loopback_only
 from msgbusd.http_client import HttpClients
 from msgbusd.links import Links
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
-from msgbusd.outbox import CLAIM_BATCH, Outbox, SendItem
+from msgbusd.peers import Peers
+from msgbusd.posts import PostClient
 from msgbusd.queues import Store
 from msgbusd.rate_limit import TokenBuckets
 from msgbusd.router.config import RouterSettings
 from msgbusd.router.runtime import RouterRuntime
-from msgbusd.senders import Senders
+from msgbusd.schedule import CLAIM_BATCH, Schedule
+from msgbusd.send_items import SendItem, SendItems
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
 from twin_resolver.base import Resolver
@@ -75,7 +75,11 @@ class Site:
     door_redis: aioredis.Redis
     http: HttpClients
     store: Store
-    outbox: Outbox
+    signer: Signer
+    # What leaves this site: send-queue entries read into envelopes, POSTs, and the retry schedule.
+    items: SendItems
+    posts: PostClient
+    schedule: Schedule
     door: Door
     clock: Callable[[], float]
     metrics: Metrics
@@ -148,11 +152,23 @@ class Daemon:
         self._inflight: set[asyncio.Task[None]] = set()
         self._server: _Server | None = None
         self.ready = asyncio.Event()
-        self.senders = Senders(
-            site.store, site.outbox, self._spawn, self._stopping, workers=site.settings.workers
+        self.peers = Peers(
+            site.store,
+            site.items,
+            site.schedule,
+            site.posts,
+            site.signer,
+            self._spawn,
+            self._stopping,
+            links=site.links,
+            probe_s=site.settings.probe_interval_s,
+            workers=site.settings.workers,
+            clock=site.clock,
+            metrics=site.metrics,
+            events=site.events,
         )
         self.handlers = Handlers(
-            site.store, site.outbox, site.twin, self._kick_senders, site.clock, site.metrics, site.events
+            site.store, site.items, site.twin, self._kick_peers, site.clock, site.metrics, site.events
         )
         site.metrics.refresh = self._refresh_metrics
         site.door.deliver_replies = self.handlers.deliver_from_peers
@@ -165,7 +181,7 @@ class Daemon:
         metrics = self.site.metrics
         metrics.set_queue_lengths(await self.site.store.depths())
         metrics.set_inflight(len(self._inflight))
-        metrics.set_peers_down(self.site.outbox.health.down_count())
+        metrics.set_peers_down(self.peers.down_count())
         metrics.set_links_open(self.site.links.open_count() if self.site.links is not None else 0)
 
     async def _health(self) -> dict[str, object]:
@@ -184,9 +200,9 @@ class Daemon:
     def _beat(self, loop: str) -> None:
         self._heartbeats[loop] = time.monotonic()
 
-    def _kick_senders(self, ready: Mapping[int, list[SendItem] | None]) -> None:
+    def _kick_peers(self, ready: Mapping[int, list[SendItem] | None]) -> None:
         for dst, items in ready.items():
-            self.senders.kick(dst, items)
+            self.peers.kick(dst, items)
 
     def stop(self) -> None:
         """First call drains; a second aborts."""
@@ -230,7 +246,7 @@ class Daemon:
         handlers = self.handlers
         # Each queue is taken in batches, one batch after the other: requests reach each destination in
         # push order, and every batch is a few pipelined round trips to Redis.
-        await self.senders.resume()
+        await self.peers.resume()
         async with asyncio.TaskGroup() as group:
             group.create_task(self._consume_in_order(keys.LOCAL, handlers.local), name="consume local")
             group.create_task(self._consume_in_order(keys.REMOTE, handlers.remote), name="consume remote")
@@ -363,16 +379,16 @@ class Daemon:
                 await self._sleep_unless_stopping(delay)
 
     async def _timers(self) -> None:
-        outbox = self.site.outbox
+        schedule = self.site.schedule
         settings = self.site.settings
         while not self._stopping.is_set():
             self._beat("timers")
             try:
                 # Re-sends go back to their destinations' senders, which send them in batches.
-                destinations, more_due = await outbox.release_due()
+                destinations, more_due = await schedule.release_due()
                 for dst in destinations:
-                    self.senders.kick(dst)
-                expired = await outbox.expire_due() == CLAIM_BATCH
+                    self.peers.kick(dst)
+                expired = await schedule.expire_due() == CLAIM_BATCH
                 if more_due or expired:
                     continue  # more is due: go on without waiting for the next tick
             except (RedisError, OSError) as exc:
@@ -455,29 +471,41 @@ async def open_site(
             ping_s=settings.link_ping_s,
             max_frame_bytes=max_body_bytes,
         )
-    forwarder = Forwarder(
+    posts = PostClient(
         http,
         resolver,
-        signer,
         clock,
         metrics,
         max_batch_bytes=max_body_bytes,
         probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
-        links=links,
     )
-    health = PeerHealth(settings.probe_interval_s)
-    outbox = Outbox(
+    items = SendItems(store, twin)
+    schedule = Schedule(
         store,
-        forwarder,
-        twin,
-        health,
+        items,
         backoff=backoff,
         hold_offline=settings.hold_offline,
         clock=clock,
         metrics=metrics,
         events=events,
     )
-    return Site(settings, twin, redis, door_redis, http, store, outbox, door, clock, metrics, events, links)
+    return Site(
+        settings,
+        twin,
+        redis,
+        door_redis,
+        http,
+        store,
+        signer,
+        items,
+        posts,
+        schedule,
+        door,
+        clock,
+        metrics,
+        events,
+        links,
+    )
 
 
 async def close_site(site: Site) -> None:

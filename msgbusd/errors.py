@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Literal
 
 # Validation reasons (go-rmb texts).
@@ -101,6 +102,29 @@ def all_retries_done_text(cause: str) -> str:
 
 def expired_text(exp_s: int) -> str:
     return f"request timeout (expiration reached, {exp_s})"
+
+
+# Answers of a site that is up but cannot take messages now (e.g. its Redis is down): like no answer.
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+
+
+def peer_refusal(
+    twin_id: int, status: int, message: str, retry_after_s: float | None = None
+) -> DeliveryError:
+    """The error of a message that ``twin_id``'s site answered with ``status`` (not 200) and ``message``."""
+    if retry_after_s is not None:
+        return DeliveryError(
+            f"twin {twin_id} cannot take messages now: {status} {message}",
+            kind="busy",
+            retry_after_s=retry_after_s,
+        )
+    offline = status in UNAVAILABLE_STATUSES
+    return DeliveryError(
+        f"twin {twin_id} refused the message: {status} {message}",
+        offline=offline,
+        kind="unreachable" if offline else "refused",
+        final=status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    )
 
 
 def too_large_text(max_bytes: int) -> str:

@@ -19,8 +19,8 @@ from msgbusd.errors import InvalidMessage
 from msgbusd.event_log import EventLog
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
-from msgbusd.outbox import Outbox, SendItem, destination_of
-from msgbusd.queues import AcceptedRequest, Outcome, PendingReply, Store
+from msgbusd.queues import REPLY_KEY_TAKEN, REPLY_QUEUED, AcceptedRequest, Outcome, PendingReply, Store
+from msgbusd.send_items import SendItem, SendItems, destination_of
 from msgbusd.validation import validate
 
 log = logging.getLogger("msgbusd.handlers")
@@ -34,7 +34,7 @@ class Handlers:
     def __init__(
         self,
         store: Store,
-        outbox: Outbox,
+        items: SendItems,
         twin: int,
         on_accepted: Callable[[Mapping[int, list[SendItem] | None]], None],
         clock: Callable[[], float] = time.time,
@@ -44,7 +44,7 @@ class Handlers:
         self._metrics = metrics or Metrics()
         self._events = events or EventLog(None, twin)
         self._store = store
-        self._outbox = outbox
+        self._items = items
         self._twin = twin
         self._on_accepted = on_accepted
         self._clock = clock
@@ -133,7 +133,7 @@ class Handlers:
                 self._events.emit(ev.ACCEPTED, original, uid=uid, dst=dst, ret=original.ret)
                 items = ready.setdefault(dst, [])
                 if items is not None:
-                    items.append(self._outbox.request_item(uid, original))
+                    items.append(self._items.request(uid, original))
         self._on_accepted(ready)
         return uids_at
 
@@ -345,12 +345,18 @@ class Handlers:
             key = keys.reply_key(env.dst[0], env.uid)
             state = {"first": now, "attempts": 0, "deadline": now + env.lifetime_s}
             pending.append(PendingReply(raw, env.dst[0], key, env.replace(sig="").encode(), state))
-        accepted = await self._store.accept_replies(queue, pending)
+        results = await self._store.accept_replies(queue, pending)
         ready: dict[int, list[SendItem] | None] = {}
-        for (_raw, env), item, ok in zip(replies, pending, accepted, strict=True):
-            items = ready.setdefault(item.dst, []) if ok else None
+        for (raw, env), item, result in zip(replies, pending, results, strict=True):
+            if result == REPLY_KEY_TAKEN:
+                # The caller's site takes one reply per request: a second one could never be matched.
+                reason = f"a reply to twin {item.dst} for uid {env.uid!r} is already waiting to be forwarded"
+                await self._dead_letter(queue, raw, reason)
+                log.warning("dead-lettered a reply: %s", reason, extra=about(uid=env.uid, dst=item.dst))
+                continue
+            items = ready.setdefault(item.dst, []) if result == REPLY_QUEUED else None
             if items is None:
                 ready[item.dst] = None
             else:
-                items.append(self._outbox.reply_item(item.key, env.replace(sig=""), item.state))
+                items.append(self._items.reply(item.key, env.replace(sig=""), item.state))
         self._on_accepted(ready)

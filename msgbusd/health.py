@@ -1,11 +1,11 @@
-"""Whether each peer's site can be reached: the peer's state, not each message's.
+"""Whether a peer's site can be reached: the peer's state, not each message's.
 
-A send that gets no answer (no connection, a timeout, a cut connection, or 502/503/504) marks the peer down;
-a site that answers with another error is up. While a peer is down nothing is sent to it but a cheap probe
-every ``probe_s`` to twice that; the first probe or send that gets an answer marks it up again, and its
-sender lets everything waiting for it flow at once.
+A send that gets no answer (no connection, a timeout, a cut connection or link, or 502/503/504) marks the
+peer down; a site that answers with another error is up. While a peer is down nothing is sent to it but a
+cheap probe; the first probe or send that gets an answer marks it up again, and everything waiting for it
+flows at once.
 
-A peer found down is probed at once, then every ``probe_s``, then every ``2 * probe_s``.
+A peer found down is probed at once, then every ``probe_s``, then every ``2 * probe_s`` (plus some jitter).
 """
 
 from __future__ import annotations
@@ -27,37 +27,41 @@ class _Down:
     seen: bool = True
 
 
+def probe_backoff(probe_s: float) -> Backoff:
+    """The delays between probes of a peer that stays down."""
+    return Backoff(probe_s, 2 * probe_s)
+
+
 class PeerHealth:
-    def __init__(self, probe_s: float = 1.0, *, clock: Callable[[], float] = time.monotonic) -> None:
-        # A failed probe is followed by another after probe_s at first, then 2 * probe_s (plus some jitter).
-        self._probes = Backoff(probe_s, 2 * probe_s)
+    """One peer's state: up, or down since when and why, and when to probe it next."""
+
+    def __init__(self, probes: Backoff, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._probes = probes
         self._clock = clock
-        self._down: dict[int, _Down] = {}
+        self._down: _Down | None = None
 
-    def down_count(self) -> int:
-        """How many peers are down."""
-        return len(self._down)
+    @property
+    def is_down(self) -> bool:
+        return self._down is not None
 
-    def is_down(self, twin: int) -> bool:
-        return twin in self._down
+    @property
+    def cause(self) -> str:
+        """Why the peer is down ("" when it is up)."""
+        return self._down.cause if self._down else ""
 
-    def seconds_until_probe(self, twin: int) -> float:
-        peer = self._down.get(twin)
+    def seconds_until_probe(self) -> float:
+        peer = self._down
         return 0.0 if peer is None else max(0.0, peer.next_probe - self._clock())
 
-    def last_cause(self, twin: int) -> str:
-        peer = self._down.get(twin)
-        return peer.cause if peer else ""
-
-    def unreachable(self, twin: int, cause: str) -> bool:
-        """Record that ``twin``'s site did not answer (a send or a probe); True if it was up until now.
+    def unreachable(self, cause: str) -> bool:
+        """Record that the site did not answer (a send or a probe); True if it was up until now.
 
         The first probe goes out at once: a connection cut by something in between, or an answer lost, is
         over by then, and a site that is really down refuses it at no cost."""
         now = self._clock()
-        peer = self._down.get(twin)
+        peer = self._down
         if peer is None:
-            self._down[twin] = _Down(now, cause, next_probe=now)
+            self._down = _Down(now, cause, next_probe=now)
             return True
         newly = not peer.seen
         if newly:
@@ -67,20 +71,19 @@ class PeerHealth:
         peer.next_probe = now + self._probes.delay_s(peer.probes)
         return newly
 
-    def unknown(self, twin: int) -> None:
-        """Nothing is known of ``twin`` yet (the daemon just started with messages for it): probe it before
+    def unknown(self) -> None:
+        """Nothing is known of the peer yet (the daemon just started with messages for it): probe it before
         sending, so that a peer that is down costs the messages no try."""
-        if twin not in self._down:
+        if self._down is None:
             now = self._clock()
-            self._down[twin] = _Down(now, "not probed yet", next_probe=now, seen=False)
+            self._down = _Down(now, "not probed yet", next_probe=now, seen=False)
 
-    def busy(self, twin: int, retry_after_s: float) -> None:
-        """``twin``'s site answered but cannot take messages for ``retry_after_s`` (its Redis is away)."""
-        peer = self._down.get(twin)
-        if peer is not None:
-            peer.next_probe = self._clock() + retry_after_s
+    def busy(self, retry_after_s: float) -> None:
+        """The site answered but cannot take messages for ``retry_after_s`` (its Redis is away)."""
+        if self._down is not None:
+            self._down.next_probe = self._clock() + retry_after_s
 
-    def answered(self, twin: int) -> float | None:
-        """``twin``'s site answered; returns how long it had been seen down, or None if it was not."""
-        peer = self._down.pop(twin, None)
+    def answered(self) -> float | None:
+        """The site answered; returns how long it had been seen down, or None if it was not."""
+        peer, self._down = self._down, None
         return None if peer is None or not peer.seen else self._clock() - peer.since

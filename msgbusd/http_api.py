@@ -30,9 +30,9 @@ from msgbusd import keys, openapi
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage, RejectedRequest, go_duration, http_error_body, too_large_text
 from msgbusd.event_log import EventLog
-from msgbusd.forwarder import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 from msgbusd.links import LINK_PATH, Links
 from msgbusd.metrics import ErrorCause, Metrics
+from msgbusd.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 from msgbusd.queues import Inbound, Store
 from msgbusd.rate_limit import TokenBuckets
 from msgbusd.signing import SignatureError, Signer, verify

@@ -3,7 +3,7 @@
 A site that has something to send to a peer opens a link to ``/zbus-link`` on the peer's site port (an
 HTTP upgrade, so the same port and the same proxies). Once both ends know who is at the other end, each
 side sends on it: the requests one way and their replies the other way. A peer that answers the upgrade
-with plain HTTP (go-rmb) is sent POSTs instead (:mod:`msgbusd.forwarder`).
+with plain HTTP (go-rmb) is sent POSTs instead (:mod:`msgbusd.posts`).
 
 Every frame is one JSON object in a binary WebSocket message::
 
@@ -33,15 +33,18 @@ import hashlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import aiohttp
 import orjson
 from starlette.websockets import WebSocket
 
-from msgbusd.errors import DeliveryError
+from msgbusd.batching import batch_message, chunks
+from msgbusd.errors import DeliveryError, peer_refusal, too_large_text
 from msgbusd.http_client import HttpClients
 from msgbusd.link_sockets import REFUSED, ClientSocket, LinkClosed, ServerSocket, Socket
 from msgbusd.logs import about
@@ -56,6 +59,12 @@ LINK_PATH = "/zbus-link"
 INBOUND_FRAMES = 16
 # A twin whose site answers the upgrade with plain HTTP is sent POSTs this long before it is asked again.
 RECHECK_S = 600.0
+# A link opened here that breaks this many times within the window (a proxy or network that cuts long-lived
+# connections, or loses much of what it carries) is given up for POSTs a while: each POST stands alone, while
+# a link needs its handshake and every ack through.
+FLAPPING_BREAKS = 3
+FLAPPING_WINDOW_S = 60.0
+FLAPPING_POSTS_S = 60.0
 
 # What an inbound frame's envelopes get: one result per message, {"status": 200} or status and message.
 Answer = Callable[[int, list[Any]], Awaitable[list[dict[str, Any]]]]
@@ -241,7 +250,9 @@ class Links:
         self._clock = clock
         self._links: dict[int, list[Link]] = {}
         self._opening: dict[int, asyncio.Lock] = {}
-        self._unsupported_until: dict[int, float] = {}
+        # Twins sent POSTs until then (their site takes no links, or their links keep breaking).
+        self._posts_until: dict[int, float] = {}
+        self._breaks: dict[int, deque[float]] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
 
@@ -255,19 +266,23 @@ class Links:
         Requests go over a link this site opened, to the address the resolver gives for the twin. Replies
         go back over the link the twin opened (the one their requests came on) while it is open."""
         link = self._current(twin_id, replies_only)
-        if link is not None or self._unsupported_until.get(twin_id, 0.0) > self._clock():
+        if link is not None or self._posts_until.get(twin_id, 0.0) > self._clock():
             return link
         lock = self._opening.setdefault(twin_id, asyncio.Lock())
         async with lock:
             link = self._current(twin_id, replies_only)
-            if link is not None or self._unsupported_until.get(twin_id, 0.0) > self._clock():
+            if link is not None or self._posts_until.get(twin_id, 0.0) > self._clock():
                 return link
             try:
                 link = await self._open(twin_id)
             except LinkUnsupported as exc:
-                self._unsupported_until[twin_id] = self._clock() + RECHECK_S
+                self._posts_until[twin_id] = self._clock() + RECHECK_S
                 log.info("twin %s takes POSTs only (%s)", twin_id, exc, extra=about(twin=twin_id))
                 return None
+            except DeliveryError as exc:
+                if exc.offline:
+                    self._broke(twin_id, exc.cause)
+                raise
             self._adopt(link)
             reader = asyncio.ensure_future(self._read(link))
             self._readers.add(reader)
@@ -329,6 +344,28 @@ class Links:
                 link.peer,
                 link.closed_reason,
                 extra=about(twin=link.peer),
+            )
+            if link.opened_here and not self._closing:
+                self._broke(link.peer, link.closed_reason or "closed")
+
+    def _broke(self, twin_id: int, reason: str) -> None:
+        """A link to ``twin_id`` broke (or was cut while opening); one that keeps breaking gives way to
+        POSTs."""
+        now = self._clock()
+        breaks = self._breaks.setdefault(twin_id, deque(maxlen=FLAPPING_BREAKS))
+        breaks.append(now)
+        if len(breaks) == FLAPPING_BREAKS and now - breaks[0] <= FLAPPING_WINDOW_S:
+            span_s = now - breaks[0]
+            breaks.clear()
+            self._posts_until[twin_id] = now + FLAPPING_POSTS_S
+            log.warning(
+                "the link to twin %s broke %d times in %.0fs (last: %s); sending it POSTs for %.0fs",
+                twin_id,
+                FLAPPING_BREAKS,
+                span_s,
+                reason,
+                FLAPPING_POSTS_S,
+                extra=about(twin=twin_id),
             )
 
     async def _open(self, twin_id: int) -> Link:
@@ -417,6 +454,41 @@ class Links:
         sig = self._signer.sign_digest(handshake_digest(self._twin, peer, str(hello.get("nonce", "")))).hex()
         await socket.send(orjson.dumps({"op": "welcome", "sig": sig}))
         return peer, _max_bytes(hello, self.max_frame_bytes)
+
+
+async def send_envelopes(
+    link: Link, items: Sequence[tuple[str, bytes]], timeout_s: float
+) -> list[DeliveryError | None]:
+    """Send ``(path, signed envelope)`` pairs over ``link``, in order, as few frames as the peer's size
+    limit allows; one result per item (None: the peer has it)."""
+    twin_id, limit = link.peer, link.peer_max_bytes
+    results: list[DeliveryError | None] = [None] * len(items)
+    sendable: list[int] = []
+    messages: list[bytes] = []
+    for index, (path, envelope) in enumerate(items):
+        if len(envelope) > limit:
+            # The peer said how much it takes when the link opened: this one it would refuse.
+            results[index] = peer_refusal(twin_id, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, too_large_text(limit))
+            continue
+        sendable.append(index)
+        messages.append(batch_message(path, envelope))
+    done = 0
+    for chunk in chunks(messages, limit):
+        indexes = sendable[done : done + len(chunk)]
+        done += len(chunk)
+        try:
+            answers = await link.send(chunk, timeout_s)
+        except LinkClosed as exc:
+            error = DeliveryError(f"the link to twin {twin_id} broke: {exc}", offline=True)
+            for index in indexes:
+                results[index] = error
+            for index in sendable[done:]:
+                results[index] = error.not_attempted()
+            return results
+        for index, answer in zip(indexes, answers, strict=True):
+            if answer.status != 200:
+                results[index] = peer_refusal(twin_id, answer.status, answer.message, answer.retry_after_s)
+    return results
 
 
 class _Refused(Exception):

@@ -7,6 +7,7 @@ connections, the daemon's ready line), never on fixed sleeps, and cleans up afte
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,9 +26,27 @@ READY_LINE = "msgbusd ready"
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on, below the kernel's ephemeral range: a port the kernel handed out
+    would be free now, but any outgoing connection (to Redis, to a peer) may take it as its source port
+    before the server that was meant to listen there starts."""
+    low = _ephemeral_ports()[0]
+    for _ in range(1000):
+        port = random.randrange(10_000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port found between 10000 and {low}")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:

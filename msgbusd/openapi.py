@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from msgbusd.forwarder import BATCH_PATH, REMOTE_PATH, REPLY_PATH
+from msgbusd.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 
 ENVELOPE_FIELDS: dict[str, dict[str, Any]] = {
     "ver": {"type": "integer", "description": "protocol version, 1"},

@@ -92,7 +92,9 @@ return 1
 # KEYS: processing, replies, reply state, send queue, destinations set.
 # ARGV: raw item, key, payload, state, destination.
 _ACCEPT_REPLY = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
+redis.call('LREM', KEYS[1], 1, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 redis.call('RPUSH', KEYS[4], 'rep:' .. ARGV[2])
@@ -198,6 +200,10 @@ class PendingReply:
     key: str
     payload: bytes
     state: dict[str, float]
+
+
+# What recording a reply to forward did (see Store.accept_replies).
+REPLY_TAKEN_BEFORE, REPLY_QUEUED, REPLY_KEY_TAKEN = 0, 1, 2
 
 
 def _letter(queue: str, raw: bytes, reason: str) -> str:
@@ -431,16 +437,18 @@ class Store(SendQueues):
 
     # --- replies being forwarded to other sites ----------------------------------------------------------
 
-    async def accept_replies(self, queue: str, replies: Sequence[PendingReply]) -> list[bool]:
+    async def accept_replies(self, queue: str, replies: Sequence[PendingReply]) -> list[int]:
         """Record replies to forward (payload, state, send-queue entry) and ack each raw item, atomically per
-        reply, in one round trip; False for one already recorded."""
+        reply, in one round trip. Each one's result: :data:`REPLY_QUEUED`, :data:`REPLY_TAKEN_BEFORE` (an
+        earlier try recorded it), or :data:`REPLY_KEY_TAKEN` (another reply to the same twin and uid waits to
+        be forwarded: this one is left in the processing list)."""
         batch = ScriptBatch(self.redis)
         for reply in replies:
             script_keys = [keys.processing(queue), keys.REPLIES, keys.REPLY_STATE]
             script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS]
             args: list[Any] = [reply.raw, reply.key, reply.payload, json.dumps(reply.state), reply.dst]
             batch.script(self._accept_reply, script_keys, args)
-        return [bool(done) for done in await batch.run()]
+        return [int(result) for result in await batch.run()]
 
     async def schedule_reply(self, key: str, due: float) -> None:
         """Schedule the next attempt to forward reply ``key``."""

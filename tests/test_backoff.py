@@ -6,8 +6,8 @@ import random
 
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope
-from msgbusd.outbox import SendItem
-from msgbusd.waiting import Waiting
+from msgbusd.schedule import Schedule
+from msgbusd.send_items import SendItem
 
 
 def test_delays_double_up_to_the_maximum_and_jitter_only_lengthens_them() -> None:
@@ -27,16 +27,9 @@ def test_total_adds_the_nominal_delays_of_the_tries_left() -> None:
     assert Backoff(0.0, 0.0).total_s(1, 5) == 0.0
 
 
-class _Outbox:
-    """What Waiting reads of the outbox: the mode and the backoff."""
-
-    def __init__(self, hold_offline: bool) -> None:
-        self.hold_offline = hold_offline
-        self.backoff = Backoff(5.0, 60.0)
-
-
-def waiting(hold_offline: bool) -> Waiting:
-    return Waiting(None, _Outbox(hold_offline))  # type: ignore[arg-type]
+def waiting(hold_offline: bool) -> Schedule:
+    # give_up_at reads neither Redis nor the send queues.
+    return Schedule(None, None, backoff=Backoff(5.0, 60.0), hold_offline=hold_offline)  # type: ignore[arg-type]
 
 
 def request(retries: int, failures: int) -> SendItem:

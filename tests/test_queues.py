@@ -5,7 +5,16 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from msgbusd import keys
-from msgbusd.queues import AcceptedRequest, Inbound, Outcome, Store
+from msgbusd.queues import (
+    REPLY_KEY_TAKEN,
+    REPLY_QUEUED,
+    REPLY_TAKEN_BEFORE,
+    AcceptedRequest,
+    Inbound,
+    Outcome,
+    PendingReply,
+    Store,
+)
 
 
 async def test_pop_many_moves_items_to_the_processing_list_in_order(async_redis: aioredis.Redis) -> None:
@@ -52,6 +61,26 @@ async def test_a_request_is_accepted_once_and_queued_for_each_destination(
     deadlines = await async_redis.zrange(keys.DEADLINES, 0, -1, withscores=True)
     assert deadlines == [(b"2.1", 123.0), (b"3.42", 123.0)]
     assert await store.pending_destinations() == [2, 3]
+
+
+async def test_a_reply_is_recorded_once_and_a_second_one_for_the_same_uid_is_left_for_the_dead_letters(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.REPLY, b"first", b"second")
+    first, second = await store.pop_many(keys.REPLY, 2)
+    state = {"first": 1.0, "attempts": 0, "deadline": 61.0}
+    replies = [PendingReply(first, 2, "2|u", b"one", state), PendingReply(second, 2, "2|u", b"two", state)]
+    assert await store.accept_replies(keys.REPLY, replies) == [REPLY_QUEUED, REPLY_KEY_TAKEN]
+    # Repeated after a lost answer: the first is not recorded twice, the second is still not taken.
+    assert await store.accept_replies(keys.REPLY, replies) == [REPLY_TAKEN_BEFORE, REPLY_KEY_TAKEN]
+    assert await async_redis.hget(keys.REPLIES, "2|u") == b"one"
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"rep:2|u"]
+    # The second stays in the processing list until it is dead-lettered.
+    assert await async_redis.lrange(keys.processing(keys.REPLY), 0, -1) == [b"second"]
+    await store.dead_letter(keys.REPLY, second, "a reply for uid u is already waiting")
+    assert await async_redis.llen(keys.processing(keys.REPLY)) == 0
+    assert await async_redis.llen(keys.DEAD_LETTER) == 1
 
 
 async def test_batched_scripts_survive_a_script_flush(async_redis: aioredis.Redis) -> None:

@@ -32,6 +32,11 @@ CMD = "fault.echo"
 RECEIVERS = (2, 3)
 Executions = Callable[[], dict[int, Counter[bytes]]]
 # Fast retries and probes so that a run takes seconds, not minutes.
+# KEYS: the batch's marker, msgbus.system.local. ARGV: the envelopes.
+PUSH_ONCE = """
+if redis.call('SET', KEYS[1], '1', 'NX') then return redis.call('RPUSH', KEYS[2], unpack(ARGV)) end
+return 0
+"""
 DAEMON_ARGS = ["--retry-delay", "0.1", "--retry-max-delay", "1", "--send-timeout", "3", "--drain-grace", "2"]
 
 
@@ -138,8 +143,10 @@ class FaultRun:
     # --- load --------------------------------------------------------------------------------------------
 
     def push(self, count: int, batch: int = 100, pause_s: float = 0.02) -> None:
-        """Push ``count`` requests to site 1, in batches, riding out a Redis restart."""
+        """Push ``count`` requests to site 1, in batches, riding out a Redis restart: a batch whose answer
+        the restart lost is pushed again only if it did not land (a marker per batch, set with the push)."""
         conn = redis.Redis.from_url(self.sender_redis)
+        push_once = conn.register_script(PUSH_ONCE)
         index = 0
         while index < count:
             envelopes = [
@@ -155,7 +162,7 @@ class FaultRun:
                 for i in range(index, min(index + batch, count))
             ]
             try:
-                conn.rpush(keys.LOCAL, *envelopes)
+                push_once(keys=[f"{self.ret}.pushed.{index}", keys.LOCAL], args=envelopes)
             except RedisError:
                 time.sleep(0.1)
                 continue

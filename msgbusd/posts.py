@@ -1,4 +1,6 @@
-"""HTTP delivery of signed envelopes to other sites' daemons."""
+"""Signed envelopes to other sites' daemons by HTTP POST: to go-rmb sites, to msgbus sites run with
+``--no-links``, and the probes of sites that are down. msgbus sites are otherwise sent envelopes over a link
+(:mod:`msgbusd.links`); :mod:`msgbusd.peers` chooses."""
 
 from __future__ import annotations
 
@@ -8,25 +10,20 @@ import time
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 
-from msgbusd.envelope import Envelope
-from msgbusd.errors import DeliveryError, too_large_text
+from msgbusd.batching import batch_message, chunks
+from msgbusd.errors import UNAVAILABLE_STATUSES, DeliveryError, peer_refusal
 from msgbusd.http_client import HttpClients, HttpFailed, HttpReply
-from msgbusd.link_sockets import LinkClosed
-from msgbusd.links import Link, Links
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
-from msgbusd.signing import Signer
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
 
-log = logging.getLogger("msgbusd.forwarder")
+log = logging.getLogger("msgbusd.posts")
 
 REMOTE_PATH = "/zbus-remote"
 REPLY_PATH = "/zbus-reply"
 # msgbus sites carry many envelopes per POST here; other RMB daemons answer 404 and get one per POST.
 BATCH_PATH = "/zbus-batch"
-# Answers of a site that is up but cannot take messages now (e.g. its Redis is down): like no answer.
-UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 JSON_CONTENT = (("content-type", "application/json"),)
 # A probe of a site that is down: an empty batch (msgbus sites answer 200, go-rmb sites 404).
 EMPTY_BATCH = b'{"messages": []}'
@@ -36,9 +33,9 @@ MAX_RETRY_AFTER_S = 10.0
 LEGACY_RECHECK_S = 600.0
 
 
-class Forwarder:
-    """Stamps, signs and POSTs envelopes to the twin in ``dst[0]``, over keep-alive connections (aiohttp:
-    a fifth of httpx's CPU per request).
+class PostClient:
+    """POSTs signed envelopes to a twin's site, over keep-alive connections (aiohttp: a fifth of httpx's CPU
+    per request).
 
     Only HTTP 200 counts as delivered; everything else raises :class:`DeliveryError` whose ``cause`` says
     what went wrong in words a caller can act on.
@@ -48,31 +45,27 @@ class Forwarder:
         self,
         http: HttpClients,
         resolver: Resolver,
-        signer: Signer,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
         *,
-        max_batch_bytes: int = 12 * 1024 * 1024,
+        max_batch_bytes: int,
         probe_timeout_s: float = 5.0,
-        links: Links | None = None,
     ) -> None:
         self._http = http
-        self._links = links
         self._probe_timeout_s = probe_timeout_s
         self._max_batch_bytes = max_batch_bytes
         self._resolver = resolver
-        self._signer = signer
         self._clock = clock
         self._metrics = metrics or Metrics()
         # Twins that answered 404 to a batch, until when to send them one message per POST.
         self._batch_unsupported: dict[int, float] = {}
 
-    async def send(self, env: Envelope, path: str) -> None:
-        """Sign ``env`` and POST it alone to ``path`` of the twin in ``dst[0]``."""
-        url = await self._url(env.dst[0], path)
-        response = await self._post(env.dst[0], url, self._sign(env).encode())
+    async def send(self, twin_id: int, path: str, envelope: bytes) -> None:
+        """POST one encoded, signed envelope to ``path`` of ``twin_id``'s site."""
+        url = await self._url(twin_id, path)
+        response = await self._post(twin_id, url, envelope)
         if response.status != 200:
-            raise _refused(env.dst[0], response)
+            raise _refused(twin_id, response)
 
     async def probe(self, twin_id: int) -> DeliveryError | None:
         """Whether ``twin_id``'s site answers, at the cost of one small POST: None if it does, else what
@@ -88,24 +81,14 @@ class Forwarder:
             return _refused(twin_id, response)
         return None
 
-    async def send_many(
-        self, twin_id: int, items: Sequence[tuple[str, Envelope]]
-    ) -> list[DeliveryError | None]:
-        """Send ``(path, envelope)`` pairs to one twin, in order; one result per item (None: delivered).
+    async def send_many(self, twin_id: int, items: Sequence[tuple[str, bytes]]) -> list[DeliveryError | None]:
+        """Send ``(path, signed envelope)`` pairs to one twin, in order; one result per item (None:
+        delivered).
 
         msgbus sites take them all in one POST to ``/zbus-batch``; a site that does not know that endpoint
         (go-rmb) gets them one POST each, and is remembered for a while. Once the twin stops answering, the
-        items not sent yet get the same "offline" error without being tried. When links are on, a msgbus
-        site gets them over its link instead (:mod:`msgbusd.links`).
+        items not sent yet get the same "offline" error without being tried.
         """
-        if self._links is not None:
-            try:
-                replies_only = all(path == REPLY_PATH for path, _env in items)
-                link = await self._links.link_to(twin_id, replies_only=replies_only)
-            except DeliveryError as exc:
-                return [exc] * len(items)
-            if link is not None:
-                return await self._send_over(link, twin_id, items)
         if len(items) > 1 and self._batch_unsupported.get(twin_id, 0.0) <= self._clock():
             try:
                 return await self._send_batch(twin_id, items)
@@ -120,9 +103,9 @@ class Forwarder:
             except DeliveryError as exc:
                 return [exc] * len(items)
         results: list[DeliveryError | None] = []
-        for index, (path, env) in enumerate(items):
+        for index, (path, envelope) in enumerate(items):
             try:
-                await self.send(env, path)
+                await self.send(twin_id, path, envelope)
                 results.append(None)
             except DeliveryError as exc:
                 results.append(exc)
@@ -131,49 +114,13 @@ class Forwarder:
                     break
         return results
 
-    async def _send_over(
-        self, link: Link, twin_id: int, items: Sequence[tuple[str, Envelope]]
-    ) -> list[DeliveryError | None]:
-        assert self._links is not None
-        limit = link.peer_max_bytes
-        results: list[DeliveryError | None] = [None] * len(items)
-        sendable: list[int] = []
-        messages: list[bytes] = []
-        for index, (path, env) in enumerate(items):
-            wire = json.dumps(self._sign(env).to_wire()).encode()
-            if len(wire) > limit:
-                # The peer said how much it takes when the link opened: this one it would refuse.
-                results[index] = _refusal(twin_id, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, too_large_text(limit))
-                continue
-            sendable.append(index)
-            messages.append(b'{"path":"%s","envelope":%b}' % (path.encode(), wire))
-        done = 0
-        for chunk in _chunks(messages, limit):
-            indexes = sendable[done : done + len(chunk)]
-            done += len(chunk)
-            started = time.perf_counter()
-            try:
-                answers = await link.send(chunk, self._links.timeout_s)
-            except LinkClosed as exc:
-                error = DeliveryError(f"the link to twin {twin_id} broke: {exc}", offline=True)
-                for index in indexes:
-                    results[index] = error
-                for index in sendable[done:]:
-                    results[index] = error.not_attempted()
-                return results
-            self._metrics.observe_send("link", time.perf_counter() - started)
-            for index, answer in zip(indexes, answers, strict=True):
-                if answer.status != 200:
-                    results[index] = _refusal(twin_id, answer.status, answer.message, answer.retry_after_s)
-        return results
-
     async def _send_batch(
-        self, twin_id: int, items: Sequence[tuple[str, Envelope]]
+        self, twin_id: int, items: Sequence[tuple[str, bytes]]
     ) -> list[DeliveryError | None]:
         url = await self._url(twin_id, BATCH_PATH)
-        messages = [_batch_message(path, self._sign(env)) for path, env in items]
+        messages = [batch_message(path, envelope) for path, envelope in items]
         results: list[DeliveryError | None] = []
-        for chunk in _chunks(messages, self._max_batch_bytes):
+        for chunk in chunks(messages, self._max_batch_bytes):
             try:
                 results += await self._post_batch(twin_id, url, chunk)
             except DeliveryError as exc:
@@ -201,10 +148,9 @@ class Forwarder:
             raise DeliveryError(
                 f"twin {twin_id} answered {len(statuses)} results for {len(messages)} messages"
             )
-        return [None if status == 200 else _refusal(twin_id, status, message) for status, message in statuses]
-
-    def _sign(self, env: Envelope) -> Envelope:
-        return self._signer.sign(env.replace(now=int(self._clock())))
+        return [
+            None if status == 200 else peer_refusal(twin_id, status, message) for status, message in statuses
+        ]
 
     async def _url(self, twin_id: int, path: str) -> str:
         try:
@@ -237,24 +183,6 @@ class Forwarder:
         return response
 
 
-def _batch_message(path: str, env: Envelope) -> bytes:
-    return json.dumps({"path": path, "envelope": env.to_wire()}).encode()
-
-
-def _chunks(messages: list[bytes], max_bytes: int) -> list[list[bytes]]:
-    """``messages`` in order, cut so that each POST stays under the peer's size limit (taken to be ours);
-    a message larger than that alone goes alone, and the peer's 413 becomes its error."""
-    chunks: list[list[bytes]] = [[]]
-    size = 0
-    for message in messages:
-        if chunks[-1] and size + len(message) + 64 > max_bytes:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(message)
-        size += len(message) + 2
-    return chunks
-
-
 class _NoBatchEndpoint(Exception):
     """The peer answered 404/405 to a batch: it is not a msgbus site."""
 
@@ -262,23 +190,7 @@ class _NoBatchEndpoint(Exception):
 def _refused(twin_id: int, response: HttpReply) -> DeliveryError:
     status = response.status
     retry_after_s = _retry_after_s(response) if status == HTTPStatus.SERVICE_UNAVAILABLE else None
-    return _refusal(twin_id, status, _error_message(response), retry_after_s)
-
-
-def _refusal(twin_id: int, status: int, message: str, retry_after_s: float | None = None) -> DeliveryError:
-    if retry_after_s is not None:
-        return DeliveryError(
-            f"twin {twin_id} cannot take messages now: {status} {message}",
-            kind="busy",
-            retry_after_s=retry_after_s,
-        )
-    offline = status in UNAVAILABLE_STATUSES
-    return DeliveryError(
-        f"twin {twin_id} refused the message: {status} {message}",
-        offline=offline,
-        kind="unreachable" if offline else "refused",
-        final=status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-    )
+    return peer_refusal(twin_id, status, _error_message(response), retry_after_s)
 
 
 def _retry_after_s(response: HttpReply) -> float | None:
