@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := msgbusd client twin_resolver spark bench
+PACKAGES := msgbusd client twin_resolver spark bench testing
 
 .PHONY: setup system-packages venv lint format test test-fast faults bench demo mine-demo clean
 

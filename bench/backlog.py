@@ -21,7 +21,7 @@ import redis
 from bench.rpc import cpu_seconds, rss_mib
 from msgbusd import keys
 from msgbusd.envelope import Envelope, encode_payload
-from msgbusd.local_sites import LocalCluster, wait_until
+from testing.local_sites import LocalCluster, wait_until
 
 BATCH = 10_000
 

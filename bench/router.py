@@ -36,9 +36,9 @@ from paho.mqtt.client import Client, MQTTMessage
 from paho.mqtt.enums import CallbackAPIVersion
 
 from bench.rpc import cpu_seconds
-from msgbusd.local_mqtt import MosquittoProcess
-from msgbusd.local_sites import LocalCluster, free_port, port_open, wait_until
 from msgbusd.router import keys, load_text, store
+from testing.local_mqtt import MosquittoProcess
+from testing.local_sites import LocalCluster, free_port, port_open, wait_until
 
 RULES = """
 apiVersion: rules.kubeedge.io/v1

@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 from msgbusd import keys
 from msgbusd.envelope import Envelope, encode_payload
-from msgbusd.local_sites import LocalCluster, RedisProcess, free_port, port_open, wait_until
+from testing.local_sites import LocalCluster, RedisProcess, free_port, port_open, wait_until
 
 CMD = "bench.echo"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

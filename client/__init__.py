@@ -4,9 +4,9 @@ Only needs ``redis`` (and ``typer`` for the ``msgbus`` command); the daemon's we
 """
 
 from client.aio import AsyncClient
-from client.errors import CallTimeout, ClientError, HandlerError, ProtocolError, RemoteError
+from client.errors import ClientError, HandlerError, ProtocolError
 from client.protocol import DEFAULT_EXP_S, DEFAULT_REDIS_URL, DEFAULT_RETRIES
-from client.replies import Reply
+from client.replies import CallTimeout, RemoteError, Reply
 from client.request import HandlerResult, Request
 from client.serve_exec import exec_handler
 from client.service import Handler, Service

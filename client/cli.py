@@ -14,27 +14,27 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
-from urllib.parse import urlsplit, urlunsplit
+from typing import Annotated
 
 import typer
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from client.errors import CallTimeout, ProtocolError
+from client.cli_common import (
+    EXIT_MISSING_DEP,
+    EXIT_REDIS,
+    EXIT_REPLY_ERROR,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    fail,
+    redact,
+    redis_errors,
+)
+from client.errors import ProtocolError
 from client.protocol import DEFAULT_REDIS_URL, DEFAULT_RETRIES
-from client.replies import Reply
+from client.replies import CallTimeout, Reply
 from client.rules_cli import rules_app
 from client.serve_exec import exec_handler
 from client.service import Service
 from client.sync import Client
-
-EXIT_REPLY_ERROR = 1
-EXIT_USAGE = 2
-EXIT_TIMEOUT = 2
-EXIT_REDIS = 3
-EXIT_MISSING_DEP = 4
 
 app = typer.Typer(
     name="msgbus",
@@ -127,13 +127,13 @@ def serve(
     try:
         handler = exec_handler(shlex.split(program))
     except (ValueError, FileNotFoundError) as exc:
-        _fail(f"--exec: {exc}", EXIT_USAGE)
+        fail(f"--exec: {exc}", EXIT_USAGE)
     with _client(redis_url) as client:
         client.ping()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = Service(redis_url, workers=workers, name=name)
     service.register(cmd, handler)
-    with _redis_errors(redis_url):
+    with redis_errors(redis_url):
         service.run(burst=burst)
 
 
@@ -159,22 +159,23 @@ def identity(
     """Print the public key (hex) and SS58 address of a site identity (and its twin, with --substrate)."""
     try:
         from msgbusd import identity as ident
+        from twin_resolver.accounts import ss58_encode
     except ImportError as exc:
-        _fail(f"identity needs the daemon extra (pip install 'msgbus[daemon]'): {exc}", EXIT_MISSING_DEP)
+        fail(f"identity needs the daemon extra (pip install 'msgbus[daemon]'): {exc}", EXIT_MISSING_DEP)
     if new and mnemonics:
-        _fail("give either --new or --mnemonics, not both", EXIT_USAGE)
+        fail("give either --new or --mnemonics, not both", EXIT_USAGE)
     if new:
         mnemonics = ident.new_mnemonic()
         typer.echo(f"mnemonic:   {mnemonics}")
     if not mnemonics:
-        _fail("give --mnemonics (or set MSGBUS_MNEMONICS), or --new", EXIT_USAGE)
+        fail("give --mnemonics (or set MSGBUS_MNEMONICS), or --new", EXIT_USAGE)
     try:
         signer = ident.load_signer(mnemonics, key_type.value)
     except ident.IdentityError as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     typer.echo(f"key type:   {key_type.value}")
     typer.echo(f"public key: {signer.public_key.hex()}")
-    typer.echo(f"address:    {ident.ss58_encode(signer.public_key)}")
+    typer.echo(f"address:    {ss58_encode(signer.public_key)}")
     if substrate is not None:
         typer.echo(f"twin:       {_registered_twin(substrate, signer.public_key)}")
 
@@ -187,7 +188,7 @@ def _registered_twin(substrate: str, public_key: bytes) -> int:
     try:
         resolver = build_resolver(substrate, None)
     except ValueError as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
 
     async def look_up() -> int:
         try:
@@ -198,7 +199,7 @@ def _registered_twin(substrate: str, public_key: bytes) -> int:
     try:
         return asyncio.run(look_up())
     except ResolverError as exc:
-        _fail(f"no twin for this key at {substrate}: {exc}", EXIT_REDIS)
+        fail(f"no twin for this key at {substrate}: {exc}", EXIT_REDIS)
 
 
 @app.command()
@@ -216,7 +217,7 @@ def demo(
     try:
         from client.demo import run_demo
     except ImportError as exc:
-        _fail(f"the demo needs the daemon: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
+        fail(f"the demo needs the daemon: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
     try:
         run_demo(typer.echo, event_log)
     except KeyboardInterrupt:
@@ -279,16 +280,16 @@ def gateway(
         from msgbusd.gateway import GatewaySettings, GatewayStartupError, run_gateway
         from msgbusd.logs import configure_logging
     except ImportError as exc:
-        _fail(f"the gateway needs the daemon extra: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
+        fail(f"the gateway needs the daemon extra: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
     level = LOG_LEVELS.get(log_level.lower())
     if level is None:
-        _fail(f"unknown log level {log_level!r}: use {', '.join(LOG_LEVELS)}", EXIT_USAGE)
+        fail(f"unknown log level {log_level!r}: use {', '.join(LOG_LEVELS)}", EXIT_USAGE)
     if twins is None and not substrate:
-        _fail("no twin source: give a twin map (--twins FILE) or --substrate URL", EXIT_USAGE)
+        fail("no twin source: give a twin map (--twins FILE) or --substrate URL", EXIT_USAGE)
     try:
         host, port = parse_listen(listen)
     except typer.BadParameter as exc:
-        _fail(f"--listen: {exc}", EXIT_USAGE)
+        fail(f"--listen: {exc}", EXIT_USAGE)
     settings = GatewaySettings(
         twins_file=twins,
         substrate_url=substrate,
@@ -303,7 +304,7 @@ def gateway(
     try:
         run_gateway(settings)
     except GatewayStartupError as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -323,11 +324,11 @@ def backlog_dump(redis_url: RedisOption = DEFAULT_REDIS_URL) -> None:
 
     from client.backlog_dump import dump
 
-    with _redis_errors(redis_url):
+    with redis_errors(redis_url):
         try:
             redis = Redis.from_url(redis_url)
         except ValueError as exc:
-            _fail(f"invalid Redis URL {_redact(redis_url)!r}: {exc}", EXIT_USAGE)
+            fail(f"invalid Redis URL {redact(redis_url)!r}: {exc}", EXIT_USAGE)
         with redis:
             count = dump(redis, sys.stdout)
     typer.echo(f"{count} pending entries", err=True)
@@ -343,7 +344,7 @@ def mine(ctx: typer.Context) -> None:
     try:
         from spark.mine import main as mine_main
     except ImportError as exc:
-        _fail(f"msgbus mine needs PySpark: pip install 'msgbus[spark]' ({exc})", EXIT_MISSING_DEP)
+        fail(f"msgbus mine needs PySpark: pip install 'msgbus[spark]' ({exc})", EXIT_MISSING_DEP)
     raise typer.Exit(mine_main(list(ctx.args)))
 
 
@@ -358,11 +359,11 @@ def _print_replies(fetch: Callable[[], list[Reply]]) -> None:
     except CallTimeout as exc:
         _echo_replies(exc.replies)
         late = exc.expected - len(exc.replies)
-        _fail(f"{exc}; fetch late replies with: msgbus wait {exc.ret} --count {late}", EXIT_TIMEOUT)
+        fail(f"{exc}; fetch late replies with: msgbus wait {exc.ret} --count {late}", EXIT_TIMEOUT)
     except ProtocolError as exc:
-        _fail(f"undecodable reply: {exc}", EXIT_REDIS)
+        fail(f"undecodable reply: {exc}", EXIT_REDIS)
     except (ValueError, TypeError) as exc:
-        _fail(str(exc), EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
     _echo_replies(replies)
     if any(reply.error for reply in replies):
         raise typer.Exit(EXIT_REPLY_ERROR)
@@ -378,31 +379,6 @@ def _client(redis_url: str) -> Iterator[Client]:
     try:
         client = Client(redis_url)
     except ValueError as exc:
-        _fail(f"invalid Redis URL {_redact(redis_url)!r}: {exc}", EXIT_USAGE)
-    with client, _redis_errors(redis_url):
+        fail(f"invalid Redis URL {redact(redis_url)!r}: {exc}", EXIT_USAGE)
+    with client, redis_errors(redis_url):
         yield client
-
-
-@contextmanager
-def _redis_errors(redis_url: str) -> Iterator[None]:
-    try:
-        yield
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        _fail(f"cannot connect to Redis at {_redact(redis_url)}: {exc}", EXIT_REDIS)
-    except RedisError as exc:
-        _fail(f"Redis error at {_redact(redis_url)}: {exc}", EXIT_REDIS)
-
-
-def _redact(url: str) -> str:
-    """The URL without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)

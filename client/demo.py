@@ -38,7 +38,7 @@ def run_demo(say: Callable[[str], None] = print, event_log: Path | None = None) 
 
     from msgbusd.envelope import Envelope
     from msgbusd.identity import load_signer, new_mnemonic
-    from msgbusd.local_sites import LocalCluster
+    from testing.local_sites import LocalCluster
     from twin_resolver.base import Twin
 
     proxy_signer = load_signer(new_mnemonic(), "sr25519")

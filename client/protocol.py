@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from client.errors import CallTimeout, ClientError, ProtocolError
-from client.replies import Reply, decode_envelope
+from client.errors import ClientError, ProtocolError
+from client.replies import CallTimeout, Reply, decode_envelope
 from msgbusd import keys
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import PROTOCOL_VERSION, Envelope, encode_payload

@@ -1,13 +1,15 @@
-"""Replies as a caller sees them: the payload as bytes, the error text, and the raw envelope."""
+"""Replies as a caller sees them (the payload as bytes, the error text, the raw envelope), and the errors that
+carry them."""
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import ProtocolError, RemoteError
+from client.errors import ClientError, ProtocolError
 from msgbusd.envelope import Envelope, EnvelopeDecodeError, decode_payload
 
 
@@ -80,3 +82,37 @@ def decode_envelope(raw: bytes | str) -> Envelope:
         return Envelope.decode(raw)
     except EnvelopeDecodeError as exc:
         raise ProtocolError(f"undecodable reply: {exc.reason}", exc.raw) from exc
+
+
+class CallTimeout(ClientError):
+    """Not all replies arrived on ``ret`` within ``timeout`` seconds.
+
+    ``missing`` names the destinations that did not answer (empty when the caller did not say which twins it
+    waits for, as with ``wait``); ``replies`` holds the replies that did arrive. Late replies stay on ``ret``
+    for a while (the daemon refreshes its TTL on every push) and can still be fetched with ``wait``.
+    """
+
+    def __init__(
+        self, ret: str, timeout: float, expected: int, replies: Sequence[Reply], missing: Sequence[int] = ()
+    ) -> None:
+        self.ret = ret
+        self.timeout = timeout
+        self.expected = expected
+        self.replies = list(replies)
+        self.missing = tuple(missing)
+        if self.missing:
+            twins = ", ".join(str(twin) for twin in self.missing)
+            what = f"no reply from twin{'s' if len(self.missing) > 1 else ''} {twins}"
+        else:
+            what = f"{len(self.replies)} of {expected} replies arrived"
+        super().__init__(f"timed out after {timeout:g}s: {what} (return queue {ret})")
+
+
+class RemoteError(ClientError):
+    """A reply from twin ``src`` carries the error text ``error``."""
+
+    def __init__(self, error: str, src: int, reply: Reply | None = None) -> None:
+        super().__init__(f"twin {src}: {error}")
+        self.error = error
+        self.src = src
+        self.reply = reply

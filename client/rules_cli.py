@@ -13,12 +13,13 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 import yaml
 from redis import Redis
 
+from client.cli_common import EXIT_USAGE, fail, redact, redis_errors
 from client.protocol import DEFAULT_REDIS_URL
 from msgbusd.router import store
 from msgbusd.router.loading import load_files, load_text
@@ -35,7 +36,7 @@ rules_app = typer.Typer(
     rich_markup_mode=None,
 )
 
-# Same option as the other commands (client.cli imports this module, so it is not imported from there).
+# The other commands' option, with its own help (the rules live in the cloud site's Redis).
 RedisOption = Annotated[
     str, typer.Option("--redis", metavar="URL", envvar="MSGBUS_REDIS", help="Redis URL of the cloud site.")
 ]
@@ -71,14 +72,14 @@ def apply_files(
     try:
         objects = [obj for path in files for obj in _load(path)]
     except DocumentError as exc:
-        _fail(str(exc), EXIT_INVALID)
+        fail(str(exc), EXIT_INVALID)
     if not objects:
-        _fail("the files hold no Rule or RuleEndpoint", EXIT_INVALID)
+        fail("the files hold no Rule or RuleEndpoint", EXIT_INVALID)
     with _store(redis_url) as redis:
         try:
             changes = store.apply(redis, objects)
         except ValidationError as exc:
-            _fail(str(exc), EXIT_INVALID)
+            fail(str(exc), EXIT_INVALID)
     for change in changes:
         typer.echo(f"{change.obj.kind} {change.obj.name} {change.action.value}")
 
@@ -171,7 +172,7 @@ def _found(action: Callable[[], RouterObject]) -> RouterObject:
     try:
         return action()
     except store.StoreError as exc:
-        _fail(str(exc), EXIT_REFUSED)
+        fail(str(exc), EXIT_REFUSED)
 
 
 def _rule_rows(catalog: Catalog) -> list[list[str]]:
@@ -209,19 +210,12 @@ def _time(at_s: float) -> str:
 
 @contextmanager
 def _store(redis_url: str) -> Iterator[Redis]:
-    from client.cli import EXIT_USAGE, _redact, _redis_errors
-
     try:
         redis = Redis.from_url(redis_url)
     except ValueError as exc:
-        _fail(f"invalid Redis URL {_redact(redis_url)!r}: {exc}", EXIT_USAGE)
-    with redis, _redis_errors(redis_url):
+        fail(f"invalid Redis URL {redact(redis_url)!r}: {exc}", EXIT_USAGE)
+    with redis, redis_errors(redis_url):
         try:
             yield redis
         except store.StoreError as exc:
-            _fail(str(exc), EXIT_REFUSED)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
+            fail(str(exc), EXIT_REFUSED)

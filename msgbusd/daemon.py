@@ -421,7 +421,7 @@ async def open_site(
         raise StartupError(f"cannot connect to Redis at {_redacted(settings.redis_url)}: {exc}") from exc
     twin = settings.twin
     if twin is None:
-        from msgbusd.identity import ss58_encode
+        from twin_resolver.accounts import ss58_encode
         from twin_resolver.base import ResolverError
 
         try:

@@ -1,4 +1,4 @@
-"""The daemon's own key, from the ``--mnemonics`` secret, and account id <-> text conversions.
+"""The daemon's own key, from the ``--mnemonics`` secret (account ids as text: :mod:`twin_resolver.accounts`).
 
 A secret is a BIP39 phrase (the substrate mini-secret, as ``Keypair.create_from_mnemonic`` makes it) or a
 ``0x`` + 64 hex seed, optionally followed by a derivation path (``<phrase>//alice``), as substrate's SURIs.
@@ -19,7 +19,6 @@ from msgbusd.signing import KeyType, Signer
 KEY_TYPES: tuple[KeyType, ...] = ("sr25519", "ed25519")
 
 _HEX_SEED = re.compile(r"0x[0-9a-fA-F]{64}")
-_HEX_ACCOUNT = re.compile(r"(0x)?[0-9a-fA-F]{64}")
 
 
 class IdentityError(ValueError):
@@ -46,29 +45,6 @@ def load_signer(secret: str, key_type: str) -> Signer:
 def new_mnemonic() -> str:
     """A fresh random 12-word BIP39 phrase."""
     return cast(str, bip39.bip39_generate(12))
-
-
-def ss58_encode(public_key: bytes, ss58_format: int = 42) -> str:
-    """The SS58 address of a 32-byte account id (format 42: generic substrate, as tfchain uses)."""
-    from scalecodec.utils.ss58 import ss58_encode as encode
-
-    return cast(str, encode(public_key, ss58_format))
-
-
-def account_from_text(text: str) -> bytes:
-    """A 32-byte account id from 64 hex digits (``0x`` optional) or an SS58 address, else ``ValueError``."""
-    text = text.strip()
-    if _HEX_ACCOUNT.fullmatch(text):
-        return bytes.fromhex(text.removeprefix("0x"))
-    from scalecodec.utils.ss58 import ss58_decode
-
-    try:
-        decoded = bytes.fromhex(ss58_decode(text))
-    except (ValueError, TypeError, IndexError) as exc:
-        raise ValueError(f"{text!r} is neither 64 hex digits nor an SS58 address ({exc})") from None
-    if len(decoded) != 32:
-        raise ValueError(f"{text!r} is an SS58 address of {len(decoded)} bytes, not a 32-byte account id")
-    return decoded
 
 
 def _key_type(key_type: str) -> KeyType:

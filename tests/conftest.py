@@ -6,7 +6,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from msgbusd.local_sites import RedisProcess
+from testing.local_sites import RedisProcess
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 from client import AsyncClient, Client
 from msgbusd import keys
 from msgbusd.envelope import Envelope
-from msgbusd.local_sites import LocalCluster
+from testing.local_sites import LocalCluster
 from tests.support.services import RawService
 
 pytestmark = pytest.mark.timeout(60)

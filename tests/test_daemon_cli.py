@@ -19,7 +19,7 @@ import typer
 from msgbusd import keys
 from msgbusd.cli import parse_listen
 from msgbusd.envelope import Envelope
-from msgbusd.local_sites import LocalCluster, SiteProcess, free_port, wait_until
+from testing.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 from twin_resolver.base import Twin
 from twin_resolver.static import write_twin_file
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from msgbusd.local_sites import port_open
+from testing.local_sites import port_open
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from client.cli import app
 from msgbusd import event_schema as ev
 from msgbusd import keys
-from msgbusd.local_sites import LocalCluster, wait_until
+from testing.local_sites import LocalCluster, wait_until
 from tests.support.services import RawService, pop_replies, push_request
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""A real site's HTTP door under generated requests (bench/fuzz_door.py), and the inputs that break it.
+"""A real site's HTTP door under generated requests (testing/fuzz_door.py), and the inputs that break it.
 
 The fuzz run asserts what the contract promises whatever arrives: the daemon stays up and healthy, answers no
 5xx (neither its twin source nor its Redis fails here, so the documented 502 and 503 cannot occur), answers
@@ -6,7 +6,7 @@ The fuzz run asserts what the contract promises whatever arrives: the daemon sta
 Redis list of the site. The generators leave out the inputs of the known bugs below (nesting deeper than
 Python's recursion limit, timestamps beyond a float's range, lone surrogates in a signed envelope, commands
 naming the daemon's own queues, ``pxy`` on a peer's message, lifetimes beyond what Redis can expire); each
-has its own test, against the same daemon. ``python -m bench.fuzz_door --known-bugs`` sends them too.
+has its own test, against the same daemon. ``python -m testing.fuzz_door --known-bugs`` sends them too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.fuzz_door import (
+from msgbusd import keys
+from msgbusd.envelope import Envelope
+from testing.fuzz_door import (
     ASKED,
     ENDPOINTS,
     PEER,
@@ -31,9 +33,7 @@ from bench.fuzz_door import (
     fuzz,
     fuzz_target,
 )
-from msgbusd import keys
-from msgbusd.envelope import Envelope
-from msgbusd.local_sites import wait_until
+from testing.local_sites import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

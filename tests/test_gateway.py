@@ -23,8 +23,8 @@ from client.cli import app
 from msgbusd import keys
 from msgbusd.envelope import Envelope, encode_payload
 from msgbusd.identity import load_signer
-from msgbusd.local_sites import LocalCluster, free_port, wait_until
 from msgbusd.signing import Signer, verify
+from testing.local_sites import LocalCluster, free_port, wait_until
 from tests.support.services import RawService
 from twin_resolver.base import Twin
 

@@ -16,11 +16,11 @@ from msgbusd.envelope import Envelope
 from msgbusd.event_log import EventLog
 from msgbusd.http_api import Door, create_app
 from msgbusd.identity import load_signer
-from msgbusd.local_sites import free_port
 from msgbusd.metrics import Metrics
 from msgbusd.queues import Store
 from msgbusd.rate_limit import TokenBuckets
 from msgbusd.signing import Signer, verify
+from testing.local_sites import free_port
 from tests.support.events import read_events
 from twin_resolver.base import ResolverUnavailable, Twin
 from twin_resolver.static import StaticResolver

@@ -6,8 +6,9 @@ import pytest
 from substrateinterface import Keypair, KeypairType
 
 from msgbusd.envelope import Envelope
-from msgbusd.identity import IdentityError, account_from_text, load_signer, new_mnemonic, ss58_encode
+from msgbusd.identity import IdentityError, load_signer, new_mnemonic
 from msgbusd.signing import verify
+from twin_resolver.accounts import account_from_text, ss58_encode
 
 PHRASE = "bottom drive obey lake curtain smoke basket hold race lonely fit walk"
 MINI_SECRET = "fac7959dbfe72f052e5a0c3c8d6530f202b02fd8f9f5ca3580ec8deb7797479e"

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from msgbusd.identity import load_signer, new_mnemonic
-from msgbusd.local_sites import LocalCluster
+from testing.local_sites import LocalCluster
 from tests.support.metrics import scrape
 from tests.support.services import RawService, pop_replies, push_request
 from tests.support.tcp_proxy import TcpProxy

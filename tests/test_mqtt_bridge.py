@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from msgbusd.local_mqtt import MosquittoProcess
 from msgbusd.router.mqtt_bridge import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     BridgeClosed,
@@ -19,6 +18,7 @@ from msgbusd.router.mqtt_bridge import (
     PayloadTooLarge,
     PublishTimeout,
 )
+from testing.local_mqtt import MosquittoProcess
 from tests.support import mqtt as mqtt_support
 from tests.support.mqtt import MqttNames, Received, bridge_settings, wait_for
 

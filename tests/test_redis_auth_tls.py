@@ -7,7 +7,7 @@ import shutil
 import pytest
 import redis
 
-from msgbusd.local_sites import LocalCluster
+from testing.local_sites import LocalCluster
 from tests.support.services import RawService, pop_replies, push_request
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from msgbusd.identity import ss58_encode
 from twin_resolver import (
     AccountNotFound,
     CachedResolver,
@@ -25,6 +24,7 @@ from twin_resolver import (
     TwinNotFound,
     write_twin_file,
 )
+from twin_resolver.accounts import ss58_encode
 
 KEY_1 = bytes.fromhex("d43593c715fdd31c61141abd04a99fd6822c8558854ccde39a5684e7a56da27d")
 KEY_2 = bytes.fromhex("46ebddef8cd9bb167dc30878d7113b7e168e6f0646beffd77d69d39bad76b47a")

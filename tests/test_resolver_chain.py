@@ -22,7 +22,6 @@ import pytest
 from substrateinterface.exceptions import SubstrateRequestException
 from websocket import WebSocketConnectionClosedException
 
-from msgbusd.identity import ss58_encode
 from tests.support.servers import free_port
 from twin_resolver import (
     AccountNotFound,
@@ -32,6 +31,7 @@ from twin_resolver import (
     TwinNotFound,
     twin_from_chain,
 )
+from twin_resolver.accounts import ss58_encode
 
 KEY_1 = bytes.fromhex("d43593c715fdd31c61141abd04a99fd6822c8558854ccde39a5684e7a56da27d")
 KEY_2 = bytes.fromhex("46ebddef8cd9bb167dc30878d7113b7e168e6f0646beffd77d69d39bad76b47a")

@@ -29,9 +29,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from msgbusd.local_sites import free_port, wait_until
 from msgbusd.router import keys, store
 from msgbusd.router.store import RuleStatus
+from testing.local_sites import free_port, wait_until
 from tests.support.router import HttpRecorder, RouterSites, endpoints_yaml, rule_yaml
 
 pytestmark = pytest.mark.timeout(120)

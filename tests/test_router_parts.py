@@ -11,7 +11,6 @@ import typer
 
 from msgbusd.cli import parse_mqtt_url
 from msgbusd.envelope import Envelope
-from msgbusd.local_sites import free_port
 from msgbusd.router import load_text
 from msgbusd.router.bus import Coalescer, Waiters
 from msgbusd.router.cloud import CloudRouter
@@ -21,6 +20,7 @@ from msgbusd.router.nodes import UnknownNode, node_twin
 from msgbusd.router.protocol import Event, FrameError, HttpAnswer, HttpCall, decode_frame, passed_headers
 from msgbusd.router.routes import RouteTable
 from msgbusd.router.validation import Catalog
+from testing.local_sites import free_port
 from twin_resolver import StaticResolver, Twin
 
 CATALOG = """

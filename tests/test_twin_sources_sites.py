@@ -8,7 +8,7 @@ import httpx
 import pytest
 import redis
 
-from msgbusd.local_sites import LocalCluster
+from testing.local_sites import LocalCluster
 from tests.support.services import RawService, pop_replies, push_request
 from tests.support.twin_source import TwinSource
 

@@ -18,8 +18,8 @@ import redis
 from msgbusd import keys
 from msgbusd.envelope import Envelope, envelope_size_limit
 from msgbusd.identity import load_signer
-from msgbusd.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 from msgbusd.signing import verify
+from testing.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 from tests.support.metrics import scrape
 from tests.support.services import RawService, pop_replies, push_request
 from tests.support.tcp_proxy import TcpProxy

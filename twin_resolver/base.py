@@ -32,7 +32,7 @@ class AccountNotFound(ResolverError):
     """No twin is registered for this account (public key)."""
 
     def __init__(self, public_key: bytes) -> None:
-        from msgbusd.identity import ss58_encode
+        from twin_resolver.accounts import ss58_encode
 
         account = ss58_encode(public_key) if len(public_key) == 32 else "0x" + public_key.hex()
         super().__init__(f"no twin found for account {account}")

@@ -258,6 +258,6 @@ def _describe_twin(twin_id: int) -> str:
 
 
 def _describe_account(public_key: bytes) -> str:
-    from msgbusd.identity import ss58_encode
+    from twin_resolver.accounts import ss58_encode
 
     return f"account {ss58_encode(public_key) if len(public_key) == 32 else '0x' + public_key.hex()}"

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from websocket import WebSocketException
 
-from msgbusd.identity import account_from_text
+from twin_resolver.accounts import account_from_text
 from twin_resolver.base import AccountNotFound, ResolverUnavailable, Twin, TwinNotFound
 
 log = logging.getLogger(__name__)

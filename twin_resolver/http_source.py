@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from msgbusd.identity import account_from_text
+from twin_resolver.accounts import account_from_text
 from twin_resolver.base import ResolverUnavailable, Twin, TwinNotFound
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from msgbusd.identity import account_from_text
+from twin_resolver.accounts import account_from_text
 from twin_resolver.base import AccountNotFound, Twin, TwinNotFound
 
 log = logging.getLogger(__name__)

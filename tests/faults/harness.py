@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from msgbusd import keys
 from msgbusd.envelope import Envelope, encode_payload
-from msgbusd.local_sites import LocalCluster, wait_until
+from testing.local_sites import LocalCluster, wait_until
 from tests.support.services import RawService
 from tests.support.tcp_proxy import TcpProxy
 

@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 
 from msgbusd import keys
 from msgbusd.envelope import Envelope, encode_payload
-from msgbusd.local_sites import READY_LINE, LocalCluster, SiteProcess, wait_until
+from testing.local_sites import READY_LINE, LocalCluster, SiteProcess, wait_until
 from tests.faults.harness import CMD, Report, _record
 from tests.support.services import RawService
 from tests.support.tcp_proxy import TcpProxy

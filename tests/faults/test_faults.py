@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from msgbusd.local_sites import wait_until
+from testing.local_sites import wait_until
 from tests.faults.harness import RECEIVERS, FaultRun, Report, serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

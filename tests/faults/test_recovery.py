@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from msgbusd.local_sites import wait_until
+from testing.local_sites import wait_until
 from tests.faults.harness import Report
 from tests.faults.recovery import (
     RECEIVER,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from msgbusd.backoff import Backoff
-from msgbusd.local_mqtt import MosquittoProcess
 from msgbusd.router.mqtt_bridge import MqttSettings
+from testing.local_mqtt import MosquittoProcess
 
 
 @pytest.fixture(scope="session")

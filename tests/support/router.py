@@ -18,10 +18,10 @@ from typing import Any
 
 import redis
 
-from msgbusd.local_mqtt import MosquittoProcess
-from msgbusd.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 from msgbusd.router import keys, load_text, store
 from msgbusd.router.store import RuleStatus
+from testing.local_mqtt import MosquittoProcess
+from testing.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 
 
 @dataclass(frozen=True)

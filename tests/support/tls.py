@@ -10,7 +10,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from msgbusd.local_sites import free_port, port_open, wait_until
+from testing.local_sites import free_port, port_open, wait_until
 
 
 def make_certificates(workdir: Path) -> tuple[Path, Path, Path]:

@@ -7,7 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from msgbusd.local_sites import free_port
+from testing.local_sites import free_port
 from twin_resolver.static import load_twin_file
 
 

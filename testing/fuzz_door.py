@@ -5,7 +5,7 @@ twin map also names three twins whose keys we hold and whose addresses answer no
 requests go to twins 20 and 22, so replies to them can be forged or signed for real. Every request is
 recorded; after the run every Redis list of site 1 must hold only what a correctly signed message produced.
 
-    .venv/bin/python -m bench.fuzz_door --examples 20000
+    .venv/bin/python -m testing.fuzz_door --examples 20000
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from msgbusd import keys
 from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.http_api import seen_id
 from msgbusd.identity import load_signer, new_mnemonic
-from msgbusd.local_sites import LocalCluster, free_port, wait_until
 from msgbusd.send_items import destination_of
 from msgbusd.signing import SignatureError, Signer, verify
+from testing.local_sites import LocalCluster, free_port, wait_until
 from twin_resolver.base import Twin
 
 SITE, PEER, ASKED, ROGUE, ED_TWIN, UNKNOWN = 1, 2, 20, 21, 22, 999

@@ -1,6 +1,6 @@
 """A private mosquitto broker on a free loopback port, for the tests, the demo and the benchmarks.
 
-Like :class:`msgbusd.local_sites.RedisProcess`: a generated config file in a temporary directory, waits on
+Like :class:`testing.local_sites.RedisProcess`: a generated config file in a temporary directory, waits on
 the port (never on fixed sleeps), start / stop / restart / kill, and cleans up after itself.
 """
 
@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msgbusd.local_sites import free_port, port_open, stop_process, wait_until
+from testing.local_sites import free_port, port_open, stop_process, wait_until
 
 # Debian installs the broker in /usr/sbin, which is not on the PATH of most users.
 FALLBACK_BINARY = Path("/usr/sbin/mosquitto")

@@ -1,0 +1,133 @@
+"""Which of the project's packages import which, read from the source (lazy imports inside functions count).
+
+The cycles still listed in KNOWN_CYCLES are the ones left to remove; a new one fails, and so does one that
+is gone but still listed (remove it from the list).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("msgbusd", "client", "twin_resolver", "spark", "bench", "testing")
+# Product code: what an installed site runs.
+PRODUCT = ("msgbusd", "client", "twin_resolver", "spark")
+KNOWN_CYCLES = {
+    # msgbusd.router imports client (client.request, client.errors), and client imports the rest.
+    frozenset({"msgbusd", "client", "spark", "testing"}),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """The project modules ``path`` imports."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name:
+                yield name
+
+
+def _graph(level: int | None) -> dict[str, set[str]]:
+    """Module -> modules it imports; with ``level`` 1, top-level package -> packages."""
+    edges: dict[str, set[str]] = {}
+
+    def cut(name: str) -> str:
+        return ".".join(name.split(".")[:level]) if level else name
+
+    for module, path in MODULES.items():
+        targets = edges.setdefault(cut(module), set())
+        targets.update(cut(target) for target in _imports(path) if cut(target) != cut(module))
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_is_read_from_the_source() -> None:
+    packages = _graph(1)
+    assert "msgbusd" in packages["client"] and "twin_resolver" in packages["msgbusd"]
+    assert "msgbusd.envelope" in _graph(None)["msgbusd.handlers"]
+
+
+def test_no_cycles_but_the_known_ones() -> None:
+    cycles = _cycles(_graph(1)) | _cycles(_graph(None))
+    assert cycles == KNOWN_CYCLES
+
+
+@pytest.mark.parametrize("package", PRODUCT)
+def test_the_product_does_not_import_the_benchmarks_or_the_tests(package: str) -> None:
+    assert not _graph(1)[package] & {"bench", "tests"}
+
+
+def test_only_the_router_in_the_daemon_imports_the_client() -> None:
+    daemon = {module: targets for module, targets in _graph(None).items() if module.startswith("msgbusd.")}
+    users = {module for module, targets in daemon.items() if any(t.startswith("client") for t in targets)}
+    assert users and all(user.startswith("msgbusd.router.") for user in users)
+
+
+def test_the_resolver_stands_alone() -> None:
+    """A twin resolver needs nothing of the daemon (SS58 helpers live in twin_resolver.accounts)."""
+    assert _graph(1)["twin_resolver"] == set()
+
+
+def test_only_the_demo_uses_the_launchers() -> None:
+    users = {
+        module for module, targets in _graph(None).items() if any(t.startswith("testing") for t in targets)
+    }
+    assert {user for user in users if user.split(".")[0] in PRODUCT} == {"client.demo"}
