@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := msgbusd client twin_resolver spark bench testing
+PACKAGES := msgbusd client twin_resolver spark bench testing router
 
 .PHONY: setup system-packages venv lint format test test-fast faults bench demo mine-demo clean
 
@@ -39,7 +39,7 @@ test-fast: setup
 # The fault scenarios alone, with their figures as a table (for docs/reliability.md).
 faults: setup
 	rm -f .fault-report.jsonl
-	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest tests/faults -p no:cacheprovider
+	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest tests/faults tests/router/test_faults.py -p no:cacheprovider
 	$(BIN)/python -m tests.faults.report .fault-report.jsonl
 
 # The benchmark sweep (two sites on this machine, msgbus against a no-logic floor); see docs/benchmarks.md.

@@ -36,7 +36,7 @@ from paho.mqtt.client import Client, MQTTMessage
 from paho.mqtt.enums import CallbackAPIVersion
 
 from bench.rpc import cpu_seconds
-from msgbusd.router import keys, load_text, store
+from router import keys, load_text, store
 from testing.local_mqtt import MosquittoProcess
 from testing.local_sites import LocalCluster, free_port, port_open, wait_until
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
 
@@ -31,7 +32,6 @@ from client.cli_common import (
 from client.errors import ProtocolError
 from client.protocol import DEFAULT_REDIS_URL, DEFAULT_RETRIES
 from client.replies import CallTimeout, Reply
-from client.rules_cli import rules_app
 from client.serve_exec import exec_handler
 from client.service import Service
 from client.sync import Client
@@ -313,7 +313,9 @@ backlog_app = typer.Typer(
     help="Look at what is pending at this site.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(backlog_app, name="backlog")
-app.add_typer(rules_app, name="rules")
+# Commands of other installed parts (the rules router's `msgbus rules`).
+for _entry in entry_points(group="msgbus.commands"):
+    app.add_typer(_entry.load(), name=_entry.name)
 
 
 @backlog_app.command("dump")

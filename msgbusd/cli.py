@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_type_hints
 from urllib.parse import urlsplit
 
 import typer
 
+from msgbusd.companions import installed
+from msgbusd.errors import StartupError
 from msgbusd.logs import configure_logging
-from msgbusd.router.config import DEFAULT_ROUTER_LISTEN, RouterSettings
 from msgbusd.settings import DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
 
 LOG_LEVELS = {
@@ -26,8 +28,6 @@ LOG_LEVELS = {
     "fatal": logging.CRITICAL,
     "panic": logging.CRITICAL,
 }
-
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -70,8 +70,7 @@ def read_secret_file(path: Path) -> str:
     return text
 
 
-@app.command()
-def main_command(
+def site_settings(
     mnemonics: Annotated[
         str | None,
         typer.Option(
@@ -184,42 +183,7 @@ def main_command(
     event_log_rotate_minutes: Annotated[
         float, typer.Option(min=0.1, help="Start a new event log file after this long.")
     ] = 60.0,
-    router: Annotated[
-        bool,
-        typer.Option(
-            "--router",
-            help="Cloud site: serve the rules router's REST paths /{node}/[{namespace}/]{path} on "
-            "127.0.0.1:9443 (KubeEdge's port).",
-        ),
-    ] = False,
-    router_listen: Annotated[
-        str | None,
-        typer.Option(
-            help="Cloud site: serve the rules router's REST paths here (HOST:PORT; implies --router)."
-        ),
-    ] = None,
-    router_cloud: Annotated[
-        str | None,
-        typer.Option(help="Edge site: the cloud site (twin id or name) whose rules this site follows."),
-    ] = None,
-    mqtt: Annotated[
-        str | None,
-        typer.Option(help="Edge site: the local MQTT broker for eventbus rules (mqtt://HOST:PORT)."),
-    ] = None,
-    servicebus_listen: Annotated[
-        str, typer.Option(help="Edge site: where edge apps call servicebus->rest rules (HOST:PORT).")
-    ] = "127.0.0.1:9060",
-    router_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds a rest<->servicebus caller waits for the answer.")
-    ] = 60.0,
-    router_message_ttl: Annotated[
-        float,
-        typer.Option(min=1.0, help="Seconds rest->eventbus and eventbus->rest messages are kept trying."),
-    ] = 3600.0,
-    router_refresh: Annotated[
-        float, typer.Option(min=0.1, help="Edge site: seconds between asking the cloud for its rules.")
-    ] = 30.0,
-) -> None:
+) -> Settings:
     """Run a msgbus site: relay RMB messages between this site's Redis and other sites over HTTP."""
     level = LOG_LEVELS.get(log_level.lower())
     if level is None:
@@ -233,21 +197,6 @@ def main_command(
             "missing --mnemonics (or the MSGBUS_MNEMONICS environment variable, or --mnemonics-file)"
         )
     host, port = parse_listen(listen)
-    if mqtt is not None and router_cloud is None:
-        raise typer.BadParameter("--mqtt is for edge sites: give --router-cloud too")
-    router_settings = RouterSettings(
-        listen=parse_listen(router_listen) if router_listen else DEFAULT_ROUTER_LISTEN if router else None,
-        cloud=router_cloud,
-        mqtt=parse_mqtt_url(mqtt) if mqtt is not None else None,
-        servicebus_listen=parse_listen(servicebus_listen),
-        call_timeout_s=router_timeout,
-        message_ttl_s=router_message_ttl,
-        refresh_s=router_refresh,
-        max_body_bytes=max_message_size,
-        retry_delay_s=retry_delay,
-        retry_max_delay_s=retry_max_delay,
-        drain_grace_s=drain_grace,
-    )
     settings = Settings(
         mnemonics=mnemonics,
         key_type=key_type,
@@ -277,13 +226,9 @@ def main_command(
         event_log_dir=event_log,
         event_log_max_bytes=event_log_max_mb * 1024 * 1024,
         event_log_rotate_s=event_log_rotate_minutes * 60,
-        router=router_settings,
     )
     configure_logging(level)
-    from msgbusd.runner import run
-
-    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
-        runner.run(run(settings))
+    return settings
 
 
 def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -295,5 +240,40 @@ def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def command() -> typer.Typer:
+    """The ``msgbusd`` command: the daemon's options and those of the installed companions."""
+    plugins = installed()
+    parameters = list(inspect.signature(site_settings, eval_str=True).parameters.values())
+    hints = get_type_hints(site_settings, include_extras=True)
+    for plugin in plugins:
+        parameters += inspect.signature(plugin.options, eval_str=True).parameters.values()
+        hints |= get_type_hints(plugin.options, include_extras=True)
+    names = [list(inspect.signature(plugin.options).parameters) for plugin in plugins]
+
+    def run_site(**values: Any) -> None:
+        own = [{name: values.pop(name) for name in plugin_names} for plugin_names in names]
+        settings = site_settings(**values)
+        try:
+            made = [
+                plugin.make(own_values, settings) for plugin, own_values in zip(plugins, own, strict=True)
+            ]
+        except StartupError as exc:
+            raise SystemExit(f"msgbusd: error: {exc}") from None
+        from msgbusd.runner import run
+
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            asyncio.Runner(loop_factory=_event_loop_factory()) as runner,
+        ):
+            runner.run(run(settings, [companion for companion in made if companion is not None]))
+
+    run_site.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    run_site.__annotations__ = hints | {"return": None}
+    run_site.__doc__ = site_settings.__doc__
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    app.command()(run_site)
+    return app
+
+
 def main() -> None:
-    app(prog_name="msgbusd")
+    command()(prog_name="msgbusd")

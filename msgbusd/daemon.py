@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,7 +27,9 @@ from starlette.routing import Route
 
 from msgbusd import keys
 from msgbusd.backoff import REDIS_RECONNECT, Backoff
+from msgbusd.companions import Companion, SiteHandle
 from msgbusd.envelope import envelope_size_limit
+from msgbusd.errors import StartupError
 from msgbusd.event_log import EventLog
 from msgbusd.handlers import Handlers
 from msgbusd.http_api import Door, answer_link_frame, create_app, loopback_only
@@ -39,8 +41,6 @@ from msgbusd.peers import Peers
 from msgbusd.posts import PostClient
 from msgbusd.queues import Store
 from msgbusd.rate_limit import TokenBuckets
-from msgbusd.router.config import RouterSettings
-from msgbusd.router.runtime import RouterRuntime
 from msgbusd.schedule import CLAIM_BATCH, Schedule
 from msgbusd.send_items import SendItem, SendItems
 from msgbusd.settings import Settings
@@ -58,10 +58,6 @@ PEER_CONNECTIONS = 8
 POP_BATCH = 64
 
 _T = TypeVar("_T")
-
-
-class StartupError(Exception):
-    """A reason the daemon cannot start, worded for the operator (one line)."""
 
 
 @dataclass
@@ -174,7 +170,7 @@ class Daemon:
         site.door.deliver_replies = self.handlers.deliver_from_peers
         # When each loop last went round; /healthz reports a loop that stopped turning.
         self._heartbeats: dict[str, float] = {}
-        # More work of this site (the rules router), run until the daemon stops.
+        # More work of this site (its companions), run until the daemon stops.
         self.companions: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
 
     async def _refresh_metrics(self) -> None:
@@ -517,60 +513,43 @@ async def close_site(site: Site) -> None:
     await site.redis.aclose()
 
 
-async def serve(settings: Settings, signer: Signer, resolver: Resolver) -> None:
-    """Run a site until stopped by a signal. Raises :class:`StartupError` for operator mistakes."""
+async def serve(
+    settings: Settings, signer: Signer, resolver: Resolver, companions: Sequence[Companion] = ()
+) -> None:
+    """Run a site, and the ``companions`` beside it, until stopped by a signal. Raises
+    :class:`StartupError` for operator mistakes."""
     sock = bind_socket(settings.listen_host, settings.listen_port)
-    router: RouterRuntime | None = None
     try:
-        router = _bind_router(settings.router)
         site = await open_site(settings, signer, resolver)
     except BaseException:
         sock.close()
-        if router is not None:
-            router.close()
+        for companion in companions:
+            await companion.aclose()
         raise
     daemon = Daemon(site, sock)
-    router_redis: aioredis.Redis | None = None
-    if router is not None:
-        # Every router command has workers blocked on a pop, each holding a connection.
-        router_redis = open_redis(settings, max_connections=8 * settings.router.workers + 100)
-        router.attach(
-            redis=router_redis,
-            submit=daemon.handlers.submit,
-            withdraw=site.store.withdraw,
-            resolver=resolver,
-            twin=site.twin,
-            metrics=site.metrics,
-        )
-        daemon.companions.append(router.run)
+    handle = SiteHandle(
+        twin=site.twin,
+        resolver=resolver,
+        metrics=site.metrics,
+        submit=daemon.handlers.submit,
+        withdraw=site.store.withdraw,
+        open_redis=functools.partial(open_redis, settings),
+    )
     loop = asyncio.get_running_loop()
-    if settings.handle_signals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, daemon.stop)
     try:
+        for companion in companions:
+            companion.attach(handle)
+            daemon.companions.append(companion.run)
+        if settings.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, daemon.stop)
         await daemon.run()
     finally:
         if settings.handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
         sock.close()
-        if router is not None:
-            router.close()
-        if router_redis is not None:
-            await router_redis.aclose()
+        for companion in companions:
+            await companion.aclose()
         await close_site(site)
         log.info("msgbusd stopped")
-
-
-def _bind_router(settings: RouterSettings) -> RouterRuntime | None:
-    """The router roles asked for, with their sockets bound; None when this site routes nothing."""
-    if settings.listen is None and settings.cloud is None:
-        return None
-    cloud_socket = bind_socket(*settings.listen) if settings.listen is not None else None
-    try:
-        servicebus_socket = bind_socket(*settings.servicebus_listen) if settings.cloud is not None else None
-    except BaseException:
-        if cloud_socket is not None:
-            cloud_socket.close()
-        raise
-    return RouterRuntime(settings, cloud_socket=cloud_socket, servicebus_socket=servicebus_socket)

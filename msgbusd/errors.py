@@ -31,6 +31,10 @@ class MsgbusError(Exception):
     """Base of every error msgbusd raises on purpose."""
 
 
+class StartupError(Exception):
+    """A reason the daemon cannot start, worded for the operator (one line)."""
+
+
 class InvalidMessage(MsgbusError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

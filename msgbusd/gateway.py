@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from msgbusd.daemon import StartupError, bind_socket
+from msgbusd.daemon import bind_socket
+from msgbusd.errors import StartupError
 from msgbusd.gateway_app import Nodes, create_gateway_app
 from twin_resolver.base import Resolver
 from twin_resolver.factory import build_resolver

@@ -2,7 +2,7 @@
 
 No other module spells a key literal. The first group is the RMB contract that outside programs see; the
 second is msgbusd's internal bookkeeping, which only the daemon touches. The rules router's keys
-(``msgbus.router.*``) are in :mod:`msgbusd.router.keys`.
+(``msgbus.router.*``) are in :mod:`router.keys`.
 """
 
 from __future__ import annotations

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 
-from msgbusd.daemon import StartupError, serve
+from msgbusd.companions import Companion
+from msgbusd.daemon import serve
+from msgbusd.errors import StartupError
 from msgbusd.identity import IdentityError, load_signer
 from msgbusd.settings import Settings
 from twin_resolver.base import Resolver
@@ -30,8 +33,9 @@ def build_resolver(settings: Settings) -> Resolver:
         raise StartupError(str(exc)) from exc
 
 
-async def run(settings: Settings) -> None:
-    """Run until stopped; exits the process with status 1 and a one-line message on a start-up error."""
+async def run(settings: Settings, companions: Sequence[Companion] = ()) -> None:
+    """Run the site and its ``companions`` until stopped; exits the process with status 1 and a one-line
+    message on a start-up error."""
     try:
         try:
             signer = load_signer(settings.mnemonics, settings.key_type)
@@ -39,7 +43,7 @@ async def run(settings: Settings) -> None:
             raise StartupError(str(exc)) from exc
         resolver = build_resolver(settings)
         try:
-            await serve(settings, signer, resolver)
+            await serve(settings, signer, resolver, companions)
         finally:
             await resolver.aclose()
     except StartupError as exc:

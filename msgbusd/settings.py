@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msgbusd.router.config import RouterSettings
-
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_SUBSTRATE_URL = "wss://tfchain.grid.tf"
 DEFAULT_PORT = 8051
@@ -71,5 +69,3 @@ class Settings:
     event_log_max_bytes: int = 64 * 1024 * 1024
     event_log_rotate_s: float = 3600.0
     handle_signals: bool = True
-    # The rules router (off unless a cloud listen address or an edge's cloud site is given).
-    router: RouterSettings = field(default_factory=RouterSettings)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from msgbusd.backoff import Backoff
-from msgbusd.router.mqtt_bridge import MqttSettings
+from router.mqtt_bridge import MqttSettings
 from testing.local_mqtt import MosquittoProcess
 
 

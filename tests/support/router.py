@@ -18,8 +18,8 @@ from typing import Any
 
 import redis
 
-from msgbusd.router import keys, load_text, store
-from msgbusd.router.store import RuleStatus
+from router import keys, load_text, store
+from router.store import RuleStatus
 from testing.local_mqtt import MosquittoProcess
 from testing.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 

@@ -32,10 +32,10 @@ from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope
 from msgbusd.http_client import HttpClients, HttpFailed
 from msgbusd.queues import Store
-from msgbusd.router import bus, keys
-from msgbusd.router.commands import CommandServer
-from msgbusd.router.config import RouterSettings
-from msgbusd.router.http_common import (
+from router import bus, keys
+from router.commands import CommandServer
+from router.config import RouterSettings
+from router.http_common import (
     JSON_TYPE,
     METHODS,
     BodyTooLarge,
@@ -47,9 +47,9 @@ from msgbusd.router.http_common import (
     read_body,
     redis_guarded,
 )
-from msgbusd.router.nodes import UnknownNode, node_twin
-from msgbusd.router.outcomes import Outcome, Outcomes, Pending
-from msgbusd.router.protocol import (
+from router.nodes import UnknownNode, node_twin
+from router.outcomes import Outcome, Outcomes, Pending
+from router.protocol import (
     CALL,
     CLOUD_REPLIES,
     DELIVER,
@@ -67,10 +67,10 @@ from msgbusd.router.protocol import (
     encode_frame,
     passed_headers,
 )
-from msgbusd.router.routes import EVENTBUS, REST, SERVICEBUS, Route, RouteTable
-from msgbusd.router.rules import EndpointType
-from msgbusd.router.store import StoreError, decode_catalog
-from msgbusd.router.validation import Catalog
+from router.routes import EVENTBUS, REST, SERVICEBUS, Route, RouteTable
+from router.rules import EndpointType
+from router.store import StoreError, decode_catalog
+from router.validation import Catalog
 from twin_resolver.base import Resolver, ResolverError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from msgbusd.router.mqtt_bridge import (
+from router.mqtt_bridge import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     BridgeClosed,
     InvalidTopic,

@@ -1,6 +1,6 @@
 """The catalog as the routers use it: which rule a REST path, an MQTT topic or a servicebus call belongs to.
 
-Pure: built from a :class:`~msgbusd.router.validation.Catalog` (already validated), no I/O.
+Pure: built from a :class:`~router.validation.Catalog` (already validated), no I/O.
 
 - REST sources are served at ``/{node}/{path}`` and ``/{node}/{namespace}/{path}``: when the first segment
   after the node names a namespace that has a REST rule matching the rest of the path, that rule wins;
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from msgbusd.router.matching import PathMatch, match_path, match_topic, split_path
-from msgbusd.router.rules import DEFAULT_NAMESPACE, EndpointType, RouterObject, Rule, RuleEndpoint
-from msgbusd.router.validation import Catalog
+from router.matching import PathMatch, match_path, match_topic, split_path
+from router.rules import DEFAULT_NAMESPACE, EndpointType, RouterObject, Rule, RuleEndpoint
+from router.validation import Catalog
 
 REST, EVENTBUS, SERVICEBUS = EndpointType.REST, EndpointType.EVENTBUS, EndpointType.SERVICEBUS
 

@@ -21,7 +21,7 @@ from msgbusd import keys
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import PROTOCOL_VERSION, Envelope, EnvelopeDecodeError, encode_payload
 from msgbusd.queues import Store
-from msgbusd.router.protocol import UNLIMITED_TRIES
+from router.protocol import UNLIMITED_TRIES
 
 log = logging.getLogger(__name__)
 

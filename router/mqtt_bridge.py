@@ -55,7 +55,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from msgbusd.backoff import Backoff
-from msgbusd.router.matching import topic_filter_error, topic_name_error
+from router.matching import topic_filter_error, topic_name_error
 
 log = logging.getLogger(__name__)
 

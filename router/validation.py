@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from msgbusd.router.matching import compile_path, path_error, topic_filter_error, topic_name_error
-from msgbusd.router.rules import (
+from router.matching import compile_path, path_error, topic_filter_error, topic_name_error
+from router.rules import (
     ENDPOINT,
     STORED,
     EndpointType,

@@ -11,10 +11,10 @@ send each other over the bus), ``bus`` and ``commands`` (how they use the bus th
 (starting them inside msgbusd).
 """
 
-from msgbusd.router.loading import load_files, load_text
-from msgbusd.router.matching import PathMatch, match_path, match_topic, topic_matches
-from msgbusd.router.rules import DocumentError, EndpointType, RouterObject, Rule, RuleEndpoint, parse_document
-from msgbusd.router.validation import Catalog, ValidationError, validate
+from router.loading import load_files, load_text
+from router.matching import PathMatch, match_path, match_topic, topic_matches
+from router.rules import DocumentError, EndpointType, RouterObject, Rule, RuleEndpoint, parse_document
+from router.validation import Catalog, ValidationError, validate
 
 __all__ = [
     "Catalog",

@@ -16,8 +16,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from msgbusd.router import keys
 from msgbusd.script_batch import ScriptBatch
+from router import keys
 
 
 class Outcome(StrEnum):

@@ -24,7 +24,7 @@ from client.request import HandlerResult, Request, encode_result, reply_envelope
 from msgbusd import keys
 from msgbusd.backoff import Backoff
 from msgbusd.envelope import Envelope, EnvelopeDecodeError, decode_payload
-from msgbusd.router.protocol import FrameError
+from router.protocol import FrameError
 
 log = logging.getLogger(__name__)
 

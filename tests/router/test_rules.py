@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from msgbusd.router.loading import load_files, load_text
-from msgbusd.router.rules import DocumentError, EndpointType, Rule, RuleEndpoint, canonical_json
-from msgbusd.router.validation import Catalog, ValidationError, check_no_repeats, rule_kind, validate
+from router.loading import load_files, load_text
+from router.rules import DocumentError, EndpointType, Rule, RuleEndpoint, canonical_json
+from router.validation import Catalog, ValidationError, check_no_repeats, rule_kind, validate
 
-EXAMPLES = Path(__file__).parent / "router_examples"
+EXAMPLES = Path(__file__).parent / "examples"
 INVALID = EXAMPLES / "invalid"
 
 

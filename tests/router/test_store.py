@@ -11,14 +11,14 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from msgbusd.router import keys, store
-from msgbusd.router.loading import load_files, load_text
-from msgbusd.router.outcomes import Outcome, Outcomes
-from msgbusd.router.rules import Rule, RuleEndpoint
-from msgbusd.router.store import Action
-from msgbusd.router.validation import ValidationError
+from router import keys, store
+from router.loading import load_files, load_text
+from router.outcomes import Outcome, Outcomes
+from router.rules import Rule, RuleEndpoint
+from router.store import Action
+from router.validation import ValidationError
 
-EXAMPLES = Path(__file__).parent / "router_examples"
+EXAMPLES = Path(__file__).parent / "examples"
 
 RULE_TEXT = """
 apiVersion: rules.kubeedge.io/v1

@@ -15,7 +15,7 @@ router.cloud.rules     cloud        an edge asks for the rules that concern it
 =====================  ===========  ==================================================================
 
 The command queues (``msgbus.router.edge.*``, ``msgbus.router.cloud.*``) do not clash with the catalog's
-keys in :mod:`msgbusd.router.keys`.
+keys in :mod:`router.keys`.
 """
 
 from __future__ import annotations

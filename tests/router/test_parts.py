@@ -11,15 +11,15 @@ import typer
 
 from msgbusd.cli import parse_mqtt_url
 from msgbusd.envelope import Envelope
-from msgbusd.router import load_text
-from msgbusd.router.bus import Coalescer, Waiters
-from msgbusd.router.cloud import CloudRouter
-from msgbusd.router.config import RouterSettings
-from msgbusd.router.http_common import join_url
-from msgbusd.router.nodes import UnknownNode, node_twin
-from msgbusd.router.protocol import Event, FrameError, HttpAnswer, HttpCall, decode_frame, passed_headers
-from msgbusd.router.routes import RouteTable
-from msgbusd.router.validation import Catalog
+from router import load_text
+from router.bus import Coalescer, Waiters
+from router.cloud import CloudRouter
+from router.config import RouterSettings
+from router.http_common import join_url
+from router.nodes import UnknownNode, node_twin
+from router.protocol import Event, FrameError, HttpAnswer, HttpCall, decode_frame, passed_headers
+from router.routes import RouteTable
+from router.validation import Catalog
 from testing.local_sites import free_port
 from twin_resolver import StaticResolver, Twin
 

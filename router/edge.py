@@ -35,10 +35,10 @@ from client.request import Request as BusRequest
 from msgbusd.envelope import Envelope
 from msgbusd.http_client import HttpClients, HttpFailed
 from msgbusd.queues import Store
-from msgbusd.router import bus, keys
-from msgbusd.router.commands import CommandServer
-from msgbusd.router.config import RouterSettings
-from msgbusd.router.http_common import (
+from router import bus, keys
+from router.commands import CommandServer
+from router.config import RouterSettings
+from router.http_common import (
     METHODS,
     BodyTooLarge,
     answer_response,
@@ -49,7 +49,7 @@ from msgbusd.router.http_common import (
     read_body,
     redis_guarded,
 )
-from msgbusd.router.mqtt_bridge import (
+from router.mqtt_bridge import (
     InvalidTopic,
     MqttBridge,
     MqttBridgeError,
@@ -57,8 +57,8 @@ from msgbusd.router.mqtt_bridge import (
     PayloadTooLarge,
     PublishRefused,
 )
-from msgbusd.router.nodes import UnknownNode, node_twin
-from msgbusd.router.protocol import (
+from router.nodes import UnknownNode, node_twin
+from router.protocol import (
     CALL,
     DELIVER,
     EDGE_REPLIES,
@@ -71,9 +71,9 @@ from msgbusd.router.protocol import (
     HttpCall,
     passed_headers,
 )
-from msgbusd.router.routes import EVENTBUS, REST, SERVICEBUS, Route, RouteTable
-from msgbusd.router.rules import DocumentError, EndpointType, parse_document
-from msgbusd.router.validation import Catalog
+from router.routes import EVENTBUS, REST, SERVICEBUS, Route, RouteTable
+from router.rules import DocumentError, EndpointType, parse_document
+from router.validation import Catalog
 from twin_resolver.base import Resolver, ResolverError
 
 log = logging.getLogger(__name__)

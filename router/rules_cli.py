@@ -21,10 +21,10 @@ from redis import Redis
 
 from client.cli_common import EXIT_USAGE, fail, redact, redis_errors
 from client.protocol import DEFAULT_REDIS_URL
-from msgbusd.router import store
-from msgbusd.router.loading import load_files, load_text
-from msgbusd.router.rules import ENDPOINT, RULE, DocumentError, RouterObject
-from msgbusd.router.validation import Catalog, ValidationError, rule_kind
+from router import store
+from router.loading import load_files, load_text
+from router.rules import ENDPOINT, RULE, DocumentError, RouterObject
+from router.validation import Catalog, ValidationError, rule_kind
 
 EXIT_REFUSED = 1
 EXIT_INVALID = 2

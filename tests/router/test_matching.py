@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from msgbusd.router.matching import PathMatch, match_path, match_topic, path_error, topic_matches
+from router.matching import PathMatch, match_path, match_topic, path_error, topic_matches
 
 RULES = {
     "root": "/a",

@@ -28,8 +28,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from msgbusd import keys as bus_keys
 from msgbusd.envelope import Envelope
-from msgbusd.router import keys, store
-from msgbusd.router.protocol import CLOUD_REPLIES, DELIVER, EDGE_COMMANDS, EDGE_REPLIES, PUBLISH
+from router import keys, store
+from router.protocol import CLOUD_REPLIES, DELIVER, EDGE_COMMANDS, EDGE_REPLIES, PUBLISH
 from testing.local_sites import wait_until
 from tests.support.router import HttpRecorder, RouterSites, endpoints_yaml, rule_yaml
 from tests.support.tcp_proxy import TcpProxy

@@ -29,14 +29,14 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from msgbusd.router import keys, store
-from msgbusd.router.store import RuleStatus
+from router import keys, store
+from router.store import RuleStatus
 from testing.local_sites import free_port, wait_until
 from tests.support.router import HttpRecorder, RouterSites, endpoints_yaml, rule_yaml
 
 pytestmark = pytest.mark.timeout(120)
 
-EXAMPLES = Path(__file__).parent / "router_examples"
+EXAMPLES = Path(__file__).parent / "examples"
 MSGBUS = Path(sys.executable).parent / "msgbus"
 LIMIT = 12 * 1024 * 1024
 JSON_TYPE = "application/json"

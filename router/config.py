@@ -1,4 +1,4 @@
-"""What the rules router can be told (part of msgbusd's settings)."""
+"""What the rules router can be told (its ``msgbusd`` options: :mod:`router.options`)."""
 
 from __future__ import annotations
 

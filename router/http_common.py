@@ -10,7 +10,7 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from msgbusd.router.protocol import HttpAnswer
+from router.protocol import HttpAnswer
 
 log = logging.getLogger(__name__)
 

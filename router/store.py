@@ -6,7 +6,7 @@ Keys (all under ``msgbus.router.``):
 - ``msgbus.router.rules`` (hash): rule name -> the Rule as KubeEdge-shaped JSON;
 - ``msgbus.router.version`` (string int): bumped by every change of the two hashes;
 - ``msgbus.router.counters.<rule>`` (hash): ``success`` and ``fail`` counts, HINCRBY only (written by the
-  router, :mod:`msgbusd.router.outcomes`);
+  router, :mod:`router.outcomes`);
 - ``msgbus.router.errors.<rule>`` (list): the latest errors as JSON ``{"at", "error"}``, newest first, capped.
 
 An apply is all or nothing: the two hashes are WATCHed, read, the union of stored and new objects is
@@ -27,8 +27,8 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import WatchError
 
-from msgbusd.router import keys
-from msgbusd.router.rules import (
+from router import keys
+from router.rules import (
     ENDPOINT,
     KINDS,
     RULE,
@@ -39,7 +39,7 @@ from msgbusd.router.rules import (
     canonical_json,
     parse_document,
 )
-from msgbusd.router.validation import Catalog, check_no_repeats, validate
+from router.validation import Catalog, check_no_repeats, validate
 
 AnyRedis = Redis | Pipeline
 

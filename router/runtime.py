@@ -1,4 +1,4 @@
-"""Starting the rules router inside msgbusd: the cloud role, the edge role, or both, with their HTTP doors."""
+"""The rules router as a companion of msgbusd: the cloud role, the edge role, or both, with their doors."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ import redis.asyncio as aioredis
 import uvicorn
 from starlette.applications import Starlette
 
-from msgbusd.metrics import Metrics
-from msgbusd.router.bus import Submit
-from msgbusd.router.cloud import CloudRouter, Withdraw
-from msgbusd.router.config import RouterSettings
-from msgbusd.router.edge import EdgeRouter
-from twin_resolver.base import Resolver
+from msgbusd.companions import SiteHandle
+from router.cloud import CloudRouter
+from router.config import RouterSettings
+from router.edge import EdgeRouter
 
 log = logging.getLogger(__name__)
 
@@ -44,32 +42,30 @@ class RouterRuntime:
         self._servicebus_socket = servicebus_socket
         self.cloud: CloudRouter | None = None
         self.edge: EdgeRouter | None = None
+        self._redis: aioredis.Redis | None = None
 
-    def attach(
-        self,
-        *,
-        redis: aioredis.Redis,
-        submit: Submit,
-        withdraw: Withdraw,
-        resolver: Resolver,
-        twin: int,
-        metrics: Metrics,
-    ) -> None:
+    def attach(self, site: SiteHandle) -> None:
+        # Every router command has workers blocked on a pop, each holding a connection.
+        self._redis = redis = site.open_redis(8 * self.settings.workers + 100)
         if self._cloud_socket is not None:
             self.cloud = CloudRouter(
                 redis=redis,
-                submit=submit,
-                withdraw=withdraw,
-                resolver=resolver,
+                submit=site.submit,
+                withdraw=site.withdraw,
+                resolver=site.resolver,
                 settings=self.settings,
-                twin=twin,
+                twin=site.twin,
             )
         if self._servicebus_socket is not None:
             self.edge = EdgeRouter(
-                redis=redis, submit=submit, resolver=resolver, settings=self.settings, twin=twin
+                redis=redis,
+                submit=site.submit,
+                resolver=site.resolver,
+                settings=self.settings,
+                twin=site.twin,
             )
             if self.edge.mqtt is not None:
-                metrics.watch_mqtt_bridge(self.edge.mqtt.counters)
+                site.metrics.watch_mqtt_bridge(self.edge.mqtt.counters)
 
     async def run(self, stopping: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
@@ -93,10 +89,12 @@ class RouterRuntime:
                     "{}:{}".format(*self.settings.mqtt) if self.settings.mqtt else "none",
                 )
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         for sock in (self._cloud_socket, self._servicebus_socket):
             if sock is not None:
                 sock.close()
+        if self._redis is not None:
+            await self._redis.aclose()
 
 
 async def _serve(app: Starlette, sock: socket.socket, stopping: asyncio.Event, grace_s: float) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from msgbusd.router.rules import DocumentError, RouterObject, parse_document
+from router.rules import DocumentError, RouterObject, parse_document
 
 
 def load_text(text: str, source: str) -> list[RouterObject]:

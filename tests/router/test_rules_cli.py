@@ -12,11 +12,11 @@ import yaml
 from typer.testing import CliRunner
 
 from client.cli import app
-from msgbusd.router import keys
-from msgbusd.router.outcomes import Outcome, Outcomes
+from router import keys
+from router.outcomes import Outcome, Outcomes
 from tests.support.servers import free_port
 
-EXAMPLES = Path(__file__).parent / "router_examples"
+EXAMPLES = Path(__file__).parent / "examples"
 REST_TO_EVENTBUS = str(EXAMPLES / "rest-to-eventbus.yaml")
 EVENTBUS_TO_REST = str(EXAMPLES / "eventbus-to-rest.yaml")
 SERVICEBUS = str(EXAMPLES / "rest-to-servicebus.yaml")
