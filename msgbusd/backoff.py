@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from dataclasses import dataclass, field
 
@@ -37,3 +39,9 @@ class Backoff:
 
 # Waiting for Redis to come back: fast at first, then every few seconds.
 REDIS_RECONNECT = Backoff(base_s=0.1, max_s=5.0)
+
+
+async def sleep_unless(stopping: asyncio.Event, delay_s: float) -> None:
+    """Wait ``delay_s``, or less if ``stopping`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), delay_s)

@@ -17,7 +17,7 @@ import typer
 from msgbusd.companions import installed
 from msgbusd.errors import StartupError
 from msgbusd.logs import configure_logging
-from msgbusd.settings import DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
+from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
 
 LOG_LEVELS = {
     "debug": logging.DEBUG,
@@ -165,7 +165,7 @@ def site_settings(
             help="The largest message payload (bytes): larger HTTP bodies (beyond its base64 envelope), REST "
             "bodies and MQTT payloads are refused with 413.",
         ),
-    ] = 12 * 1024 * 1024,
+    ] = DEFAULT_MAX_MESSAGE_BYTES,
     rate_limit: Annotated[
         float,
         typer.Option(min=0.0, help="Messages per second accepted from one source twin (429 beyond); 0: off."),

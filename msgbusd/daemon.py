@@ -14,19 +14,18 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-import uvicorn
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.routing import Route
 
 from msgbusd import keys
-from msgbusd.backoff import REDIS_RECONNECT, Backoff
+from msgbusd.backoff import REDIS_RECONNECT, Backoff, sleep_unless
 from msgbusd.companions import Companion, SiteHandle
 from msgbusd.envelope import envelope_size_limit
 from msgbusd.errors import StartupError
@@ -43,6 +42,7 @@ from msgbusd.queues import Store
 from msgbusd.rate_limit import TokenBuckets
 from msgbusd.schedule import CLAIM_BATCH, Schedule
 from msgbusd.send_items import SendItem, SendItems
+from msgbusd.serving import QuietServer, server
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
 from twin_resolver.base import Resolver
@@ -131,14 +131,6 @@ def open_http(settings: Settings) -> HttpClients:
     return HttpClients(settings.send_timeout_s, per_origin=PEER_CONNECTIONS)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: the daemon owns signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class Daemon:
     def __init__(self, site: Site, sock: socket.socket) -> None:
         self.site = site
@@ -146,7 +138,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
-        self._server: _Server | None = None
+        self._server: QuietServer | None = None
         self.ready = asyncio.Event()
         self.peers = Peers(
             site.store,
@@ -218,7 +210,7 @@ class Daemon:
             recovered = await self.site.store.recover(queue)
             if recovered:
                 log.warning("recovered %d unfinished item(s) of %s from the previous run", recovered, queue)
-        config = uvicorn.Config(
+        self._server = server(
             create_app(
                 self.site.door,
                 [
@@ -227,18 +219,13 @@ class Daemon:
                 ],
                 self.site.links,
             ),
-            log_level="warning",
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=max(1, int(settings.drain_grace_s)),
+            settings.drain_grace_s,
             # A link carries a whole batch in one message; pings find a link that stalled.
             ws_max_size=self.site.door.max_message_bytes + 4096,
             ws_ping_interval=settings.link_ping_s,
             ws_ping_timeout=2 * settings.link_ping_s,
             ws_per_message_deflate=False,
         )
-        self._server = _Server(config)
         handlers = self.handlers
         # Each queue is taken in batches, one batch after the other: requests reach each destination in
         # push order, and every batch is a few pipelined round trips to Redis.
@@ -393,8 +380,7 @@ class Daemon:
             await self._sleep_unless_stopping(settings.tick_s)
 
     async def _sleep_unless_stopping(self, delay_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), delay_s)
+        await sleep_unless(self._stopping, delay_s)
 
 
 def _redacted(url: str) -> str:

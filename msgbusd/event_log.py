@@ -10,7 +10,6 @@ themselves are safe in Redis; only their history is incomplete).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import IO, Any
 import orjson
 
 from msgbusd import event_schema as ev
+from msgbusd.backoff import sleep_unless
 from msgbusd.envelope import Envelope, payload_size
 
 FLUSH_INTERVAL_S = 0.5
@@ -71,8 +71,7 @@ class EventLog:
         if not self.enabled:
             return
         while not stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), FLUSH_INTERVAL_S)
+            await sleep_unless(stopping, FLUSH_INTERVAL_S)
             batch = self._take()
             if batch:
                 await asyncio.to_thread(self._write, batch)

@@ -9,11 +9,9 @@ requests in flight finish (up to ``drain_grace_s``); a second one stops at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +21,8 @@ import uvicorn
 from msgbusd.daemon import bind_socket
 from msgbusd.errors import StartupError
 from msgbusd.gateway_app import Nodes, create_gateway_app
+from msgbusd.serving import server as quiet_server
+from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
 from twin_resolver.base import Resolver
 from twin_resolver.factory import build_resolver
 from twin_resolver.static import TwinFileError
@@ -31,7 +31,6 @@ log = logging.getLogger("msgbusd.gateway")
 
 DEFAULT_LISTEN_HOST = "127.0.0.1"
 DEFAULT_LISTEN_PORT = 8080
-DEFAULT_MAX_BODY_BYTES = 12 * 1024 * 1024
 # Connecting to a node is given at most this long, within the whole request's timeout.
 CONNECT_TIMEOUT_S = 5.0
 
@@ -49,7 +48,7 @@ class GatewaySettings:
     listen_host: str = DEFAULT_LISTEN_HOST
     listen_port: int = DEFAULT_LISTEN_PORT
     node_timeout_s: float = 10.0
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     cors_origins: tuple[str, ...] = ("*",)
     drain_grace_s: float = 5.0
     # Off for tests and embedding: whoever runs the loop owns the signals.
@@ -75,14 +74,6 @@ def open_node_client(timeout_s: float) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: :func:`serve_gateway` owns them."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 async def serve_gateway(settings: GatewaySettings) -> None:
     """Serve until stopped by a signal. Raises :class:`GatewayStartupError` for operator mistakes."""
     resolver = open_resolver(settings)
@@ -95,15 +86,7 @@ async def serve_gateway(settings: GatewaySettings) -> None:
     app = create_gateway_app(
         Nodes(http, resolver), max_body_bytes=settings.max_body_bytes, cors_origins=settings.cors_origins
     )
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        timeout_graceful_shutdown=max(1, round(settings.drain_grace_s)),
-    )
-    server = _Server(config)
+    server = quiet_server(app, settings.drain_grace_s)
     loop = asyncio.get_running_loop()
     if settings.handle_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -35,6 +35,7 @@ from msgbusd.metrics import ErrorCause, Metrics
 from msgbusd.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 from msgbusd.queues import Inbound, Store
 from msgbusd.rate_limit import TokenBuckets
+from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
 from msgbusd.signing import SignatureError, Signer, verify
 from msgbusd.validation import validate
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
@@ -42,7 +43,6 @@ from twin_resolver.base import Resolver, ResolverError, TwinNotFound
 # A request is remembered as seen for at most this long (its lifetime plus the freshness window otherwise).
 MAX_DEDUP_TTL_S = 366 * 24 * 3600
 # Default limit on a message (go-rmb has none): large enough for any RMB payload in use.
-DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024
 
 log = logging.getLogger("msgbusd.http")
 

@@ -25,7 +25,6 @@ A peer's sender stops when its queue is empty and starts again when kicked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -36,7 +35,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from msgbusd import event_schema as ev
-from msgbusd.backoff import REDIS_RECONNECT
+from msgbusd.backoff import REDIS_RECONNECT, sleep_unless
 from msgbusd.errors import DeliveryError
 from msgbusd.event_log import EventLog
 from msgbusd.health import PeerHealth, probe_backoff
@@ -302,8 +301,7 @@ class Peer:
 
     async def _pause(self, delay_s: float) -> None:
         """Wait ``delay_s``, or until the daemon stops."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._peers.stopping.wait(), max(delay_s, 0.01))
+        await sleep_unless(self._peers.stopping, max(delay_s, 0.01))
 
 
 class Peers:

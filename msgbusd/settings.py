@@ -11,6 +11,8 @@ from pathlib import Path
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_SUBSTRATE_URL = "wss://tfchain.grid.tf"
 DEFAULT_PORT = 8051
+# The largest payload a site takes (go-rmb's limit), for the daemon, the router and the gateway alike.
+DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Settings:
     # A request older than this (by its `now`) is refused at the HTTP door.
     freshness_s: float = 60.0
     # Bodies over this are refused (413); batches to other sites are cut to stay under it.
-    max_message_bytes: int = 12 * 1024 * 1024
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     # Messages per second (and burst) accepted from one source twin; 0: no limit.
     rate_limit: float = 0.0
     rate_burst: float = 100.0

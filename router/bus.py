@@ -8,7 +8,6 @@ crash-safely: each item waits in the list's processing list until its handler ac
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -18,7 +17,7 @@ from typing import Any, Generic, TypeVar, cast
 from redis.exceptions import RedisError
 
 from msgbusd import keys
-from msgbusd.backoff import Backoff
+from msgbusd.backoff import Backoff, sleep_unless
 from msgbusd.envelope import PROTOCOL_VERSION, Envelope, EnvelopeDecodeError, encode_payload
 from msgbusd.queues import Store
 from router.protocol import UNLIMITED_TRIES
@@ -125,7 +124,7 @@ class ReplyList:
                     log.warning("router: replies on %s: redis failed (%s); trying again", self.queue, exc)
                 else:
                     log.exception("router: handling replies on %s failed; trying again", self.queue)
-                await _sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
+                await sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
 
     async def _one_batch(self, raws: list[bytes]) -> None:
         replies = []
@@ -174,8 +173,3 @@ class Waiters:
             self._early[uid] = reply
             while len(self._early) > self._keep_early:
                 self._early.popitem(last=False)
-
-
-async def _sleep_unless(stopping: asyncio.Event, delay_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), delay_s)

@@ -12,7 +12,6 @@ rules).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -28,7 +27,7 @@ from starlette.routing import Route as HttpRoute
 
 from client.errors import HandlerError
 from client.request import Request as BusRequest
-from msgbusd.backoff import Backoff
+from msgbusd.backoff import Backoff, sleep_unless
 from msgbusd.envelope import Envelope
 from msgbusd.http_client import HttpClients, HttpFailed
 from msgbusd.queues import Store
@@ -386,8 +385,7 @@ class CloudRouter:
 
     async def _retry_deliveries(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), 0.2)
+            await sleep_unless(stopping, 0.2)
             try:
                 now = time.time()
                 lease = now + self._settings.http_timeout_s + LEASE_MARGIN_S

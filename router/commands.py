@@ -11,7 +11,6 @@ every request is handled at least once, and a round trip to Redis serves many re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
@@ -22,7 +21,7 @@ from redis.exceptions import RedisError
 from client.errors import HandlerError
 from client.request import HandlerResult, Request, encode_result, reply_envelope
 from msgbusd import keys
-from msgbusd.backoff import Backoff
+from msgbusd.backoff import Backoff, sleep_unless
 from msgbusd.envelope import Envelope, EnvelopeDecodeError, decode_payload
 from router.protocol import FrameError
 
@@ -116,7 +115,7 @@ class CommandServer:
                 except (RedisError, OSError) as exc:
                     failures += 1
                     log.warning("router: cannot recover %s (%s); trying again", queue, exc)
-                    await _sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
+                    await sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
 
     async def _take_forever(self, queue: str, stopping: asyncio.Event) -> None:
         failures = 0
@@ -134,7 +133,7 @@ class CommandServer:
             except (RedisError, OSError) as exc:
                 failures += 1
                 log.warning("router: cannot take requests from %s (%s); trying again", queue, exc)
-                await _sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
+                await sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
                 continue
             for raw in raws:
                 self._inflight[queue] += 1
@@ -227,8 +226,3 @@ class CommandServer:
                     pipe.lpush(keys.REPLY, reply)
                 pipe.lrem(self.processing(queue), 1, cast(Any, raw))
             await pipe.execute()
-
-
-async def _sleep_unless(stopping: asyncio.Event, delay_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), delay_s)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
+
 DEFAULT_ROUTER_LISTEN = ("127.0.0.1", 9443)
 DEFAULT_SERVICEBUS_LISTEN = ("127.0.0.1", 9060)
 
@@ -27,7 +29,7 @@ class RouterSettings:
     # Edge site: how often it asks the cloud for its rules (also at start and when a message is newer).
     refresh_s: float = 30.0
     # Limit of REST bodies and MQTT payloads.
-    max_body_bytes: int = 12 * 1024 * 1024
+    max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     # eventbus->rest: first delay before another POST to a cloud URL that failed; later ones double
     # (msgbusd's --retry-delay and --retry-max-delay).
     retry_delay_s: float = 5.0

@@ -32,6 +32,7 @@ from starlette.routing import Route as HttpRoute
 
 from client.errors import HandlerError
 from client.request import Request as BusRequest
+from msgbusd.backoff import sleep_unless
 from msgbusd.envelope import Envelope
 from msgbusd.http_client import HttpClients, HttpFailed
 from msgbusd.queues import Store
@@ -233,8 +234,7 @@ class EdgeRouter:
     async def _refresh_forever(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             await self.refresh()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), self._settings.refresh_s)
+            await sleep_unless(stopping, self._settings.refresh_s)
 
     async def _rules_arrived(self, reply: Envelope) -> None:
         if reply.err:

@@ -55,11 +55,12 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from msgbusd.backoff import Backoff
+from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
 from router.matching import topic_filter_error, topic_name_error
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_PAYLOAD_BYTES = 12 * 1024 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 
 MessageHandler = Callable[[str, bytes], Awaitable[None]]
 BatchHandler = Callable[[list[tuple[str, bytes]]], Awaitable[None]]

@@ -5,25 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis.asyncio as aioredis
-import uvicorn
-from starlette.applications import Starlette
 
 from msgbusd.companions import SiteHandle
+from msgbusd.serving import serve_until
 from router.cloud import CloudRouter
 from router.config import RouterSettings
 from router.edge import EdgeRouter
 
 log = logging.getLogger(__name__)
-
-
-class _Server(uvicorn.Server):
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:  # msgbusd handles the signals
-        yield
 
 
 class RouterRuntime:
@@ -72,14 +63,16 @@ class RouterRuntime:
             if self.cloud is not None and self._cloud_socket is not None:
                 group.create_task(self.cloud.run(stopping), name="cloud router")
                 group.create_task(
-                    _serve(self.cloud.app(), self._cloud_socket, stopping, self.settings.drain_grace_s),
+                    serve_until(self.cloud.app(), self._cloud_socket, stopping, self.settings.drain_grace_s),
                     name="router REST",
                 )
                 log.info("rules router (cloud): REST paths on %s:%s", *self.settings.listen or ("", ""))
             if self.edge is not None and self._servicebus_socket is not None:
                 group.create_task(self.edge.run(stopping), name="edge router")
                 group.create_task(
-                    _serve(self.edge.app(), self._servicebus_socket, stopping, self.settings.drain_grace_s),
+                    serve_until(
+                        self.edge.app(), self._servicebus_socket, stopping, self.settings.drain_grace_s
+                    ),
                     name="servicebus",
                 )
                 log.info(
@@ -95,20 +88,3 @@ class RouterRuntime:
                 sock.close()
         if self._redis is not None:
             await self._redis.aclose()
-
-
-async def _serve(app: Starlette, sock: socket.socket, stopping: asyncio.Event, grace_s: float) -> None:
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        # Callers still waiting for an answer when the site stops get grace_s, then their connection ends.
-        timeout_graceful_shutdown=max(1, int(grace_s)),
-    )
-    server = _Server(config)
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    await stopping.wait()
-    server.should_exit = True
-    await serving
