@@ -19,7 +19,15 @@ from msgbusd.errors import InvalidMessage
 from msgbusd.event_log import EventLog
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
-from msgbusd.queues import REPLY_KEY_TAKEN, REPLY_QUEUED, AcceptedRequest, Outcome, PendingReply, Store
+from msgbusd.queues import (
+    REPLY_KEY_TAKEN,
+    REPLY_QUEUED,
+    AcceptedRequest,
+    Outcome,
+    PendingReply,
+    Store,
+    already_waiting_text,
+)
 from msgbusd.send_items import SendItem, SendItems, destination_of
 from msgbusd.validation import validate
 
@@ -347,12 +355,14 @@ class Handlers:
             pending.append(PendingReply(raw, env.dst[0], key, env.replace(sig="").encode(), state))
         results = await self._store.accept_replies(queue, pending)
         ready: dict[int, list[SendItem] | None] = {}
-        for (raw, env), item, result in zip(replies, pending, results, strict=True):
+        for (_raw, env), item, result in zip(replies, pending, results, strict=True):
             if result == REPLY_KEY_TAKEN:
-                # The caller's site takes one reply per request: a second one could never be matched.
-                reason = f"a reply to twin {item.dst} for uid {env.uid!r} is already waiting to be forwarded"
-                await self._dead_letter(queue, raw, reason)
-                log.warning("dead-lettered a reply: %s", reason, extra=about(uid=env.uid, dst=item.dst))
+                self._metrics.message("dead_lettered")
+                log.warning(
+                    "dead-lettered a reply: %s",
+                    already_waiting_text(item.key),
+                    extra=about(uid=env.uid, dst=item.dst),
+                )
                 continue
             items = ready.setdefault(item.dst, []) if result == REPLY_QUEUED else None
             if items is None:

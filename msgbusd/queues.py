@@ -89,13 +89,19 @@ redis.call('HDEL', KEYS[4], ARGV[1])
 return 1
 """
 
-# KEYS: processing, replies, reply state, send queue, destinations set.
-# ARGV: raw item, key, payload, state, destination.
+# Records a reply to forward and acks its raw item; a second reply under the same key (twin and uid) while
+# the first waits is dead-lettered instead (the caller's site takes one reply per request).
+# KEYS: processing, replies, reply state, send queue, destinations set, dead letters.
+# ARGV: raw item, key, payload, state, destination, queue, dead-letter reason, dead letters kept.
 _ACCEPT_REPLY = """
-if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
-if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
-redis.call('LREM', KEYS[1], 1, ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then
+  local now = redis.call('TIME')
+  local letter = {queue = ARGV[6], reason = ARGV[7], raw = ARGV[1], at = now[1] + now[2] / 1000000}
+  redis.call('LPUSH', KEYS[6], cjson.encode(letter))
+  redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[8]) - 1)
+  return 2
+end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 redis.call('RPUSH', KEYS[4], 'rep:' .. ARGV[2])
 redis.call('SADD', KEYS[5], ARGV[5])
@@ -204,6 +210,12 @@ class PendingReply:
 
 # What recording a reply to forward did (see Store.accept_replies).
 REPLY_TAKEN_BEFORE, REPLY_QUEUED, REPLY_KEY_TAKEN = 0, 1, 2
+
+
+def already_waiting_text(key: str) -> str:
+    """Why a reply under ``key`` (``<twin>|<uid>``) is dead-lettered while another waits under it."""
+    dst, _, uid = key.partition("|")
+    return f"a reply to twin {dst} for uid {uid!r} is already waiting to be forwarded"
 
 
 def _letter(queue: str, raw: bytes, reason: str) -> str:
@@ -441,12 +453,13 @@ class Store(SendQueues):
         """Record replies to forward (payload, state, send-queue entry) and ack each raw item, atomically per
         reply, in one round trip. Each one's result: :data:`REPLY_QUEUED`, :data:`REPLY_TAKEN_BEFORE` (an
         earlier try recorded it), or :data:`REPLY_KEY_TAKEN` (another reply to the same twin and uid waits to
-        be forwarded: this one is left in the processing list)."""
+        be forwarded: this one went to the dead letters, with :func:`already_waiting_text`)."""
         batch = ScriptBatch(self.redis)
         for reply in replies:
             script_keys = [keys.processing(queue), keys.REPLIES, keys.REPLY_STATE]
-            script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS]
+            script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS, keys.DEAD_LETTER]
             args: list[Any] = [reply.raw, reply.key, reply.payload, json.dumps(reply.state), reply.dst]
+            args += [queue, already_waiting_text(reply.key), keys.DEAD_LETTER_MAX]
             batch.script(self._accept_reply, script_keys, args)
         return [int(result) for result in await batch.run()]
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import redis.asyncio as aioredis
 
 from msgbusd import keys
@@ -63,7 +66,7 @@ async def test_a_request_is_accepted_once_and_queued_for_each_destination(
     assert await store.pending_destinations() == [2, 3]
 
 
-async def test_a_reply_is_recorded_once_and_a_second_one_for_the_same_uid_is_left_for_the_dead_letters(
+async def test_a_reply_is_recorded_once_and_a_second_one_for_the_same_uid_goes_to_the_dead_letters(
     async_redis: aioredis.Redis,
 ) -> None:
     store = Store(async_redis)
@@ -72,15 +75,15 @@ async def test_a_reply_is_recorded_once_and_a_second_one_for_the_same_uid_is_lef
     state = {"first": 1.0, "attempts": 0, "deadline": 61.0}
     replies = [PendingReply(first, 2, "2|u", b"one", state), PendingReply(second, 2, "2|u", b"two", state)]
     assert await store.accept_replies(keys.REPLY, replies) == [REPLY_QUEUED, REPLY_KEY_TAKEN]
-    # Repeated after a lost answer: the first is not recorded twice, the second is still not taken.
-    assert await store.accept_replies(keys.REPLY, replies) == [REPLY_TAKEN_BEFORE, REPLY_KEY_TAKEN]
+    # Repeated after a lost answer: neither is recorded or dead-lettered twice.
+    assert await store.accept_replies(keys.REPLY, replies) == [REPLY_TAKEN_BEFORE, REPLY_TAKEN_BEFORE]
     assert await async_redis.hget(keys.REPLIES, "2|u") == b"one"
     assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"rep:2|u"]
-    # The second stays in the processing list until it is dead-lettered.
-    assert await async_redis.lrange(keys.processing(keys.REPLY), 0, -1) == [b"second"]
-    await store.dead_letter(keys.REPLY, second, "a reply for uid u is already waiting")
     assert await async_redis.llen(keys.processing(keys.REPLY)) == 0
-    assert await async_redis.llen(keys.DEAD_LETTER) == 1
+    (letter,) = [json.loads(raw) for raw in await async_redis.lrange(keys.DEAD_LETTER, 0, -1)]
+    assert (letter["queue"], letter["raw"]) == (keys.REPLY, "second")
+    assert letter["reason"] == "a reply to twin 2 for uid 'u' is already waiting to be forwarded"
+    assert abs(letter["at"] - time.time()) < 60
 
 
 async def test_batched_scripts_survive_a_script_flush(async_redis: aioredis.Redis) -> None:
