@@ -33,8 +33,9 @@ format: venv
 test: setup lint
 	$(BIN)/pytest
 
+# The unit tier: nothing but the shared redis-server is started (under 30 s).
 test-fast: setup
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow and not processes"
 
 # The fault scenarios alone, with their figures as a table (for docs/reliability.md).
 faults: setup

@@ -1,12 +1,41 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
 from testing.local_sites import RedisProcess
+
+TESTS = Path(__file__).parent
+# Tests that start msgbusd, mosquitto, a JVM or a redis-server of their own; the rest (the unit tier of
+# `make test-fast`) share one redis-server and start nothing else that lives on.
+PROCESS_DIRS = {"spark", "faults"}
+PROCESS_MODULES = {
+    "test_client_order.py",
+    "test_client_taken.py",
+    "test_daemon_cli.py",
+    "test_demo.py",
+    "test_event_log_sites.py",
+    "test_fuzz_door.py",
+    "test_gateway.py",
+    "test_links.py",
+    "test_redis_auth_tls.py",
+    "test_twin_sources_sites.py",
+    "test_two_sites.py",
+    "router/test_e2e.py",
+    "router/test_faults.py",
+    "router/test_mqtt_bridge.py",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.relative_to(TESTS)
+        if where.parts[0] in PROCESS_DIRS or where.as_posix() in PROCESS_MODULES:
+            item.add_marker(pytest.mark.processes)
 
 
 @pytest.fixture(scope="session")

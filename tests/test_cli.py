@@ -188,6 +188,7 @@ def test_serve_exec_failures_become_reply_errors(redis_url: str, sync_redis: red
     assert replies["5.3"].err == "bad input: oops"
 
 
+@pytest.mark.processes
 def test_serve_stops_gracefully_on_sigterm(redis_url: str, sync_redis: redis.Redis) -> None:
     process = subprocess.Popen(
         [str(MSGBUS), "serve", "rev", "--exec", "rev", "--redis", redis_url],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def _imports(path: Path) -> Iterator[str]:
                 yield name
 
 
+@functools.cache
 def _graph(level: int | None) -> dict[str, set[str]]:
     """Module -> modules it imports; with ``level`` 1, top-level package -> packages."""
     edges: dict[str, set[str]] = {}
