@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := msgbusd client twin_resolver spark bench testing router
+PACKAGES := wire msgbusd client twin_resolver spark bench testing router
 
 .PHONY: setup system-packages venv lint format test test-fast faults bench demo mine-demo clean
 
@@ -30,8 +30,12 @@ format: venv
 	$(BIN)/ruff format $(PACKAGES) tests
 	$(BIN)/ruff check --fix $(PACKAGES) tests
 
+# Each test module runs whole on one of TEST_WORKERS workers: most of the suite's time is spent waiting
+# (for peers that are down, for retries, for processes to start), so more workers than cores pay off.
+TEST_WORKERS ?= 4
+
 test: setup lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
 
 # The unit tier: nothing but the shared redis-server is started (under 30 s).
 test-fast: setup

@@ -19,9 +19,9 @@ import uuid
 import redis
 
 from bench.rpc import cpu_seconds, rss_mib
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
 from testing.local_sites import LocalCluster, wait_until
+from wire import keys
+from wire.envelope import Envelope, encode_payload
 
 BATCH = 10_000
 

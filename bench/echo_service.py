@@ -15,8 +15,8 @@ import sys
 
 import redis.asyncio as aioredis
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope
+from wire import keys
+from wire.envelope import Envelope
 
 
 async def worker(conn: aioredis.Redis, queue: str, stop: asyncio.Event) -> None:

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from msgbusd import keys
 from msgbusd.http_client import HttpClients
+from wire import keys
 
 IN_FLIGHT = 256
 

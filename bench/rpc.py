@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
 from testing.local_sites import LocalCluster, RedisProcess, free_port, port_open, wait_until
+from wire import keys
+from wire.envelope import Envelope, encode_payload
 
 CMD = "bench.echo"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -1,4 +1,4 @@
-"""``msgbus backlog dump``: everything pending at a site, as JSON lines (fields: msgbusd.event_schema).
+"""``msgbus backlog dump``: everything pending at a site, as JSON lines (fields: wire.event_schema).
 
 Reads the site's Redis without changing it: the backlog of requests waiting for their reply (with their
 deadlines and failed attempts), scheduled re-sends, replies being forwarded, items waiting in the system
@@ -15,9 +15,9 @@ from typing import Any, TextIO
 
 from redis import Redis
 
-from msgbusd import event_schema as ev
-from msgbusd import keys
-from msgbusd.envelope import Envelope, EnvelopeDecodeError, payload_size
+from wire import event_schema as ev
+from wire import keys
+from wire.envelope import Envelope, EnvelopeDecodeError, payload_size
 
 CHUNK = 1000
 

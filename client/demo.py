@@ -36,10 +36,10 @@ def run_demo(say: Callable[[str], None] = print, event_log: Path | None = None) 
     there."""
     import httpx
 
-    from msgbusd.envelope import Envelope
     from msgbusd.identity import load_signer, new_mnemonic
     from testing.local_sites import LocalCluster
     from twin_resolver.base import Twin
+    from wire.envelope import Envelope
 
     proxy_signer = load_signer(new_mnemonic(), "sr25519")
     cluster = LocalCluster(

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from client.errors import ClientError, ProtocolError
 from client.replies import CallTimeout, Reply, decode_envelope
-from msgbusd import keys
-from msgbusd.backoff import Backoff
-from msgbusd.envelope import PROTOCOL_VERSION, Envelope, encode_payload
-from msgbusd.errors import invalid_message_text
+from wire import keys
+from wire.backoff import Backoff
+from wire.envelope import PROTOCOL_VERSION, Envelope, encode_payload
+from wire.error_texts import invalid_message_text
 
 if TYPE_CHECKING:
     from redis.asyncio.client import Pipeline as AsyncPipeline
@@ -208,7 +208,7 @@ class ReplyTaker:
     """How one wait takes replies from a return list without losing any, as round trips of Redis commands.
 
     Each reply is moved (BLMOVE, oldest first) from the return list ``ret`` to its taken list
-    (:func:`msgbusd.keys.taken_replies`) and is removed from there only once the caller has it: with the
+    (:func:`wire.keys.taken_replies`) and is removed from there only once the caller has it: with the
     wait's result, its :class:`CallTimeout` or its :class:`ProtocolError`. A reply whose move was answered
     while the connection broke, or that a client which then died had moved, is still in the taken list; it
     is taken from there before anything else, at the start of a ``wait`` and after every connection error.

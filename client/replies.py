@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.errors import ClientError, ProtocolError
-from msgbusd.envelope import Envelope, EnvelopeDecodeError, decode_payload
+from wire.envelope import Envelope, EnvelopeDecodeError, decode_payload
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from msgbusd.envelope import Envelope, encode_payload
+from wire.envelope import Envelope, encode_payload
 
 # What a handler may return: bytes as they are, text as UTF-8, None as an empty payload, others as JSON.
 HandlerResult = bytes | bytearray | memoryview | str | dict[str, Any] | list[Any] | int | float | bool | None

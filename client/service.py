@@ -1,32 +1,32 @@
-"""A service: workers that pop requests from ``msgbus.<cmd>``, run a handler and push the reply.
+"""A service: handlers for commands, served from ``msgbus.<cmd>``, replying on ``msgbus.system.reply``.
 
-Replies go to ``msgbus.system.reply``, from where the daemon routes them back to the caller (locally or to a
-remote twin, or straight to the return queue on the proxy flow).
-
-A worker moves each request atomically into the service's processing list and removes it only in the
-transaction that pushes the reply, so a service killed mid-request finds the request again when it starts:
-requests reach handlers at least once. Give each process serving the same command its own ``name``.
+The daemon routes each reply back to the caller (locally or to a remote twin, or straight to the return
+queue on the proxy flow). How requests are taken and replies queued, crash-safely, is
+:mod:`client.service_run`: requests reach handlers at least once. Give each process serving the same
+command its own ``name``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import signal
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from client.errors import HandlerError
 from client.protocol import DEFAULT_REDIS_URL, POP_CHUNK_S, pop_chunk
 from client.request import HandlerResult, Request, encode_result, reply_envelope
-from msgbusd import keys
-from msgbusd.envelope import Envelope, EnvelopeDecodeError, decode_payload
+from client.service_run import ServiceRun
+from wire import keys
+from wire.envelope import Envelope, EnvelopeDecodeError, decode_payload
+from wire.reliable_list import ReliableList
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ class Service:
     value sent as JSON); they may be plain functions, run in a thread so they do not block the loop, or
     coroutine functions. An exception becomes the reply's ``err`` (``"<type>: <message>"``; just the
     message for :class:`~client.errors.HandlerError`). ``poll_interval`` bounds each blocking pop, hence
-    how quickly :meth:`stop` takes effect.
+    how quickly :meth:`stop` takes effect; ``grace_s`` bounds how long handlers still running then may
+    take (None: as long as they need); the requests of those cut short are served again at the next start.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class Service:
         workers: int = 1,
         poll_interval: float = POP_CHUNK_S,
         name: str = "default",
+        grace_s: float | None = None,
     ) -> None:
         if not isinstance(redis, str | Redis):
             raise TypeError(f"expected a Redis URL or a redis.asyncio.Redis, got {type(redis).__name__}")
@@ -66,8 +68,10 @@ class Service:
         self.name = name
         self.workers = workers
         self.poll_interval = poll_interval
+        self.grace_s = grace_s
         self._handlers: dict[str, Handler] = {}
-        self._stopping = threading.Event()
+        self._stop_asked = threading.Event()
+        self._stopped_by: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     @property
     def commands(self) -> list[str]:
@@ -91,14 +95,19 @@ class Service:
 
     def stop(self) -> None:
         """Ask the workers to stop after their current request (safe from any thread or a signal handler)."""
-        self._stopping.set()
+        self._stop_asked.set()
+        running = self._stopped_by
+        if running is not None:
+            loop, stopping = running
+            loop.call_soon_threadsafe(stopping.set)
 
     def run(self, *, burst: bool = False) -> None:
         """Blocking :meth:`serve`; SIGINT/SIGTERM stop it gracefully (a second one stops it at once)."""
         asyncio.run(self._serve_with_signals(burst))
 
-    async def serve(self, *, burst: bool = False) -> None:
-        """Serve until :meth:`stop`, letting in-flight handlers finish.
+    async def serve(self, *, burst: bool = False, stopping: asyncio.Event | None = None) -> None:
+        """Serve until :meth:`stop` (or until ``stopping`` is set), letting in-flight handlers finish (for at
+        most ``grace_s``, if set).
 
         In ``burst`` mode, return instead as soon as the queues are empty.
         """
@@ -106,23 +115,34 @@ class Service:
             raise RuntimeError("no handler registered")
         conn = Redis.from_url(self._redis) if isinstance(self._redis, str) else self._redis
         socket_timeout = conn.connection_pool.connection_kwargs.get("socket_timeout")
-        poll = pop_chunk(socket_timeout, self.poll_interval)
         executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="msgbus-handler")
+        stopping = stopping or asyncio.Event()
+        self._stopped_by = (asyncio.get_running_loop(), stopping)
+        if self._stop_asked.is_set():
+            stopping.set()
+        lists = [
+            ReliableList(conn, queue, keys.service_processing(queue, self.name), oldest="RIGHT")
+            for queue in self._handlers
+        ]
+        run = ServiceRun(
+            conn,
+            lists,
+            functools.partial(self.handle, executor=executor),
+            stopping,
+            workers=self.workers,
+            poll_s=pop_chunk(socket_timeout, self.poll_interval),
+            burst=burst,
+            grace_s=self.grace_s,
+        )
         log.info("serving %s with %d worker(s) each", ", ".join(self._handlers), self.workers)
         try:
-            await self._recover(conn)
-            await asyncio.gather(
-                *(
-                    self._worker(conn, queue, executor, poll, burst)
-                    for queue in self._handlers
-                    for _ in range(self.workers)
-                )
-            )
+            await run.run()
         finally:
+            self._stopped_by = None
             executor.shutdown(wait=False)
             if conn is not self._redis:
                 await conn.aclose()
-            self._stopping.clear()
+            self._stop_asked.clear()
 
     async def handle(self, raw: bytes | str, executor: ThreadPoolExecutor | None = None) -> Envelope | None:
         """Run the handler for one raw request and return the reply, or None if the item is not an envelope.
@@ -151,70 +171,6 @@ class Service:
                 "handler for %r failed on request %r from twin %d", request.cmd, request.uid, request.src
             )
             return reply_envelope(request, err=f"{type(exc).__name__}: {exc}")
-
-    async def _recover(self, conn: Redis) -> None:
-        """Put back what a previous run of this service was handling when it stopped or died."""
-        for queue in self._handlers:
-            moved = 0
-            # Newest first onto the right end, where workers pop: the oldest comes out first again.
-            while await conn.lmove(keys.service_processing(queue, self.name), queue, "LEFT", "RIGHT"):
-                moved += 1
-            if moved:
-                log.warning("took back %d unfinished request(s) of %s", moved, queue)
-
-    async def _worker(
-        self, conn: Redis, queue: str, executor: ThreadPoolExecutor, poll: float, burst: bool
-    ) -> None:
-        processing = keys.service_processing(queue, self.name)
-        while not self._stopping.is_set():
-            raw = await self._next_request(conn, queue, processing, poll, burst)
-            if raw is None:
-                if burst:
-                    return
-                continue
-            try:
-                reply = await self.handle(raw, executor)
-            except Exception:
-                log.exception("unexpected failure while serving a request; the worker goes on")
-                reply = None
-            await self._finish(conn, processing, raw, reply)
-
-    async def _next_request(
-        self, conn: Redis, queue: str, processing: str, poll: float, burst: bool
-    ) -> bytes | str | None:
-        try:
-            # The daemon LPUSHes, so taking from the right serves requests first in, first out.
-            if burst:
-                item = await conn.lmove(queue, processing, "RIGHT", "LEFT")
-            else:
-                item = await conn.blmove(queue, processing, cast(int, poll), "RIGHT", "LEFT")
-        except RedisError as exc:
-            if burst:
-                raise
-            log.warning("cannot pop requests from Redis: %s; retrying", exc)
-            await asyncio.sleep(poll)
-            return None
-        return item
-
-    async def _finish(self, conn: Redis, processing: str, raw: bytes | str, reply: Envelope | None) -> None:
-        """Push the reply and forget the request in one transaction; while Redis is down, keep trying."""
-        while True:
-            try:
-                async with conn.pipeline(transaction=True) as pipe:
-                    if reply is not None:
-                        pipe.lpush(keys.REPLY, reply.encode())
-                    # redis-py's stubs say str; the popped bytes are sent back unchanged.
-                    pipe.lrem(processing, 1, cast(str, raw))
-                    await pipe.execute()
-                return
-            except RedisError as exc:
-                if self._stopping.is_set():
-                    log.error(
-                        "stopping with the reply to %r unsent; it is handled again at the next start", raw
-                    )
-                    return
-                log.warning("cannot push a reply (%s); retrying", exc)
-                await asyncio.sleep(self.poll_interval)
 
     async def _serve_with_signals(self, burst: bool) -> None:
         loop = asyncio.get_running_loop()

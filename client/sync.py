@@ -24,7 +24,7 @@ from client.protocol import (
     wait_timeout,
 )
 from client.replies import Reply
-from msgbusd import keys
+from wire import keys
 
 
 class Client:

@@ -17,7 +17,8 @@ import typer
 from msgbusd.companions import installed
 from msgbusd.errors import StartupError
 from msgbusd.logs import configure_logging
-from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
+from msgbusd.settings import DEFAULT_REDIS_URL, DEFAULT_SUBSTRATE_URL, Settings
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
 
 LOG_LEVELS = {
     "debug": logging.DEBUG,

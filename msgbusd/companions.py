@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
-from msgbusd.envelope import Envelope
 from msgbusd.metrics import Metrics
 from msgbusd.settings import Settings
 from twin_resolver.base import Resolver
+from wire.envelope import Envelope
 
 ENTRY_POINTS = "msgbusd.companions"
 

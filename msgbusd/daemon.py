@@ -14,39 +14,38 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.routing import Route
 
-from msgbusd import keys
-from msgbusd.backoff import REDIS_RECONNECT, Backoff, sleep_unless
 from msgbusd.companions import Companion, SiteHandle
-from msgbusd.envelope import envelope_size_limit
 from msgbusd.errors import StartupError
 from msgbusd.event_log import EventLog
 from msgbusd.handlers import Handlers
 from msgbusd.http_api import Door, answer_link_frame, create_app, loopback_only
 from msgbusd.http_client import HttpClients
+from msgbusd.inflight import InFlight
 from msgbusd.links import Links
-from msgbusd.logs import about
 from msgbusd.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.peers import Peers
 from msgbusd.posts import PostClient
 from msgbusd.queues import Store
 from msgbusd.rate_limit import TokenBuckets
 from msgbusd.schedule import CLAIM_BATCH, Schedule
-from msgbusd.send_items import SendItem, SendItems
+from msgbusd.send_items import SendItems
 from msgbusd.serving import QuietServer, server
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
 from twin_resolver.base import Resolver
 from twin_resolver.cache import CachedResolver
+from wire import keys
+from wire.backoff import Backoff, sleep_unless
+from wire.envelope import envelope_size_limit
+from wire.reliable_list import ReliableList, consume_in_order
 
 log = logging.getLogger("msgbusd")
 
@@ -56,8 +55,6 @@ PROBE_TIMEOUT_S = 5.0
 PEER_CONNECTIONS = 8
 # Items taken from a queue in one go at most.
 POP_BATCH = 64
-
-_T = TypeVar("_T")
 
 
 @dataclass
@@ -72,16 +69,20 @@ class Site:
     http: HttpClients
     store: Store
     signer: Signer
-    # What leaves this site: send-queue entries read into envelopes, POSTs, and the retry schedule.
-    items: SendItems
-    posts: PostClient
-    schedule: Schedule
-    door: Door
     clock: Callable[[], float]
     metrics: Metrics
     events: EventLog
-    # Links to other msgbus sites (None: --no-links).
-    links: Links | None = None
+    inflight: InFlight
+    # What leaves this site: send-queue entries read into envelopes, the retry schedule, and the peers,
+    # which send over links to other msgbus sites (None: --no-links) or with POSTs.
+    items: SendItems
+    schedule: Schedule
+    posts: PostClient
+    links: Links | None
+    peers: Peers
+    # What arrives: the items of the system queues, and the HTTP door for other sites.
+    handlers: Handlers
+    door: Door
 
 
 # A Redis host that vanishes without closing the connection is noticed within about 25 s.
@@ -135,42 +136,20 @@ class Daemon:
     def __init__(self, site: Site, sock: socket.socket) -> None:
         self.site = site
         self._sock = sock
-        self._stopping = asyncio.Event()
-        self._abort = asyncio.Event()
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._stopping = site.inflight.stopping
         self._server: QuietServer | None = None
         self.ready = asyncio.Event()
-        self.peers = Peers(
-            site.store,
-            site.items,
-            site.schedule,
-            site.posts,
-            site.signer,
-            self._spawn,
-            self._stopping,
-            links=site.links,
-            probe_s=site.settings.probe_interval_s,
-            workers=site.settings.workers,
-            clock=site.clock,
-            metrics=site.metrics,
-            events=site.events,
-        )
-        self.handlers = Handlers(
-            site.store, site.items, site.twin, self._kick_peers, site.clock, site.metrics, site.events
-        )
-        site.metrics.refresh = self._refresh_metrics
-        site.door.deliver_replies = self.handlers.deliver_from_peers
         # When each loop last went round; /healthz reports a loop that stopped turning.
         self._heartbeats: dict[str, float] = {}
         # More work of this site (its companions), run until the daemon stops.
         self.companions: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
 
     async def _refresh_metrics(self) -> None:
-        metrics = self.site.metrics
-        metrics.set_queue_lengths(await self.site.store.depths())
-        metrics.set_inflight(len(self._inflight))
-        metrics.set_peers_down(self.peers.down_count())
-        metrics.set_links_open(self.site.links.open_count() if self.site.links is not None else 0)
+        site = self.site
+        site.metrics.set_queue_lengths(await site.store.depths())
+        site.metrics.set_inflight(len(site.inflight))
+        site.metrics.set_peers_down(site.peers.down_count())
+        site.metrics.set_links_open(site.links.open_count() if site.links is not None else 0)
 
     async def _health(self) -> dict[str, object]:
         problems: list[str] = []
@@ -183,20 +162,16 @@ class Daemon:
         for loop, beat in sorted(self._heartbeats.items()):
             if now - beat > stale_s:
                 problems.append(f"loop {loop} has not run for {now - beat:.0f}s")
-        return {"problems": problems, "twin": self.site.twin, "inflight": len(self._inflight)}
+        return {"problems": problems, "twin": self.site.twin, "inflight": len(self.site.inflight)}
 
     def _beat(self, loop: str) -> None:
         self._heartbeats[loop] = time.monotonic()
-
-    def _kick_peers(self, ready: Mapping[int, list[SendItem] | None]) -> None:
-        for dst, items in ready.items():
-            self.peers.kick(dst, items)
 
     def stop(self) -> None:
         """First call drains; a second aborts."""
         if self._stopping.is_set():
             log.warning("second stop signal: aborting; unfinished items stay queued for the next start")
-            self._abort.set()
+            self.site.inflight.abort.set()
         else:
             log.info("stopping: draining in-flight work (up to %.0fs)", self.site.settings.drain_grace_s)
             self._stopping.set()
@@ -204,38 +179,33 @@ class Daemon:
             self._server.should_exit = True
 
     async def run(self) -> None:
-        settings = self.site.settings
-        await self.site.redis.set(keys.SITE_TWIN, self.site.twin)
-        for queue in keys.SYSTEM_QUEUES:
-            recovered = await self.site.store.recover(queue)
-            if recovered:
-                log.warning("recovered %d unfinished item(s) of %s from the previous run", recovered, queue)
+        site = self.site
+        settings = site.settings
+        await site.redis.set(keys.SITE_TWIN, site.twin)
         self._server = server(
             create_app(
-                self.site.door,
+                site.door,
                 [
-                    Route("/metrics", loopback_only(metrics_endpoint(self.site.metrics))),
+                    Route("/metrics", loopback_only(metrics_endpoint(site.metrics, self._refresh_metrics))),
                     Route("/healthz", loopback_only(healthz_endpoint(self._health))),
                 ],
-                self.site.links,
+                site.links,
             ),
             settings.drain_grace_s,
             # A link carries a whole batch in one message; pings find a link that stalled.
-            ws_max_size=self.site.door.max_message_bytes + 4096,
+            ws_max_size=site.door.max_message_bytes + 4096,
             ws_ping_interval=settings.link_ping_s,
             ws_ping_timeout=2 * settings.link_ping_s,
             ws_per_message_deflate=False,
         )
-        handlers = self.handlers
-        # Each queue is taken in batches, one batch after the other: requests reach each destination in
-        # push order, and every batch is a few pipelined round trips to Redis.
-        await self.peers.resume()
+        handlers = site.handlers
+        await site.peers.resume()
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._consume_in_order(keys.LOCAL, handlers.local), name="consume local")
-            group.create_task(self._consume_in_order(keys.REMOTE, handlers.remote), name="consume remote")
-            group.create_task(self._consume_in_order(keys.REPLY, handlers.reply), name="consume reply")
+            group.create_task(self._consume(keys.LOCAL, handlers.local), name="consume local")
+            group.create_task(self._consume(keys.REMOTE, handlers.remote), name="consume remote")
+            group.create_task(self._consume(keys.REPLY, handlers.reply), name="consume reply")
             group.create_task(self._timers(), name="timers")
-            group.create_task(self.site.events.run(self._stopping), name="event log")
+            group.create_task(site.events.run(self._stopping), name="event log")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             group.create_task(self._announce_ready(), name="ready")
             for companion in self.companions:
@@ -260,106 +230,34 @@ class Daemon:
         self.ready.set()
 
     async def _drain(self) -> None:
-        pending = {t for t in self._inflight if not t.done()}
-        if pending:
-            log.info("waiting for %d in-flight item(s)", len(pending))
-            all_done = asyncio.ensure_future(asyncio.wait(pending))
-            abort = asyncio.ensure_future(self._abort.wait())
-            await asyncio.wait(
-                [all_done, abort],
-                timeout=self.site.settings.drain_grace_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            all_done.cancel()
-            abort.cancel()
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await self.site.inflight.finish(self.site.settings.drain_grace_s)
         # Items whose hand-off did not complete go back to the head of their queues right away.
         for queue in keys.SYSTEM_QUEUES:
             with contextlib.suppress(RedisError):
-                await self.site.store.recover(queue)
+                await self._system_list(queue).take_back()
 
-    def _spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
-        task = asyncio.create_task(self._in_task(work, what))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+    def _system_list(self, queue: str) -> ReliableList:
+        return ReliableList(self.site.redis, queue, keys.processing(queue), oldest="LEFT")
 
-    async def _in_task(self, work: Coroutine[Any, Any, None], what: str) -> None:
-        await self._guarded(work, what)
+    async def _consume(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
+        """Take a system queue in batches, one batch after the other: requests reach each destination in
+        push order, and every batch is a few pipelined round trips to Redis."""
 
-    async def _guarded(self, work: Coroutine[Any, Any, None], what: str) -> bool:
-        """Run ``work``, logging what it raises; False if it did not complete."""
-        try:
-            await work
-        except RedisError as exc:
-            self.site.metrics.error("redis")
-            log.error("%s: redis failed (%s); the item stays queued for a later attempt", what, exc)
-        except Exception:
-            log.exception("%s: unexpected failure; the item stays queued", what)
-        else:
-            return True
-        return False
-
-    async def _consume_in_order(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
-        """Take items in batches and handle each batch before the next, keeping queue order.
-
-        After a Redis failure, whatever is in the queue's processing list is taken back first: a pop whose
-        answer Redis did not send before it went away (a restart does not flush its answers) left items
-        there that this loop never saw, and so does a batch given up for Redis failing."""
-        failures = 0
-        orphans = False
-        while not self._stopping.is_set():
-            self._beat(queue)
+        async def counted(batch: list[bytes]) -> None:
             try:
-                if orphans:
-                    await self._take_back(queue)
-                    orphans = False
-                batch = await self.site.store.take(queue, POP_BATCH, self.site.settings.pop_block_s)
-            except (RedisError, OSError) as exc:
-                failures += 1
-                orphans = True
-                await self._pop_failed(queue, exc, failures)
-                continue
-            failures = 0
-            if batch:
-                orphans = not await self._guarded(
-                    self._with_redis_retry(handle, batch), f"items from {queue}"
-                )
+                await handle(batch)
+            except RedisError:
+                self.site.metrics.error("redis")
+                raise
 
-    async def _take_back(self, queue: str) -> None:
-        taken_back = await self.site.store.recover(queue)
-        if taken_back:
-            log.warning(
-                "took back %d item(s) of %s that a lost Redis answer left in its processing list",
-                taken_back,
-                queue,
-                extra=about(queue=queue),
-            )
-
-    async def _pop_failed(self, queue: str, exc: Exception, failures: int) -> None:
-        delay = REDIS_RECONNECT.delay_s(failures)
-        log.error("cannot pop %s: %s; retrying in %.1fs", queue, exc, delay)
-        await self._sleep_unless_stopping(delay)
-
-    async def _with_redis_retry(self, handle: Callable[[_T], Awaitable[None]], item: _T) -> None:
-        """Run ``handle`` on an item; while Redis is unreachable, try again with backoff until stopping.
-
-        Every hand-off is a script that does nothing for an item already handed off, so a retry after an
-        answer lost with the connection does not hand anything off twice.
-        """
-        failures = 0
-        while True:
-            try:
-                await handle(item)
-                return
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                if self._stopping.is_set():
-                    raise
-                failures += 1
-                delay = REDIS_RECONNECT.delay_s(failures)
-                log.warning("redis unreachable while handling an item (%s); again in %.1fs", exc, delay)
-                await self._sleep_unless_stopping(delay)
+        await consume_in_order(
+            self._system_list(queue),
+            counted,
+            self._stopping,
+            batch=POP_BATCH,
+            block_s=self.site.settings.pop_block_s,
+            turned=functools.partial(self._beat, queue),
+        )
 
     async def _timers(self) -> None:
         schedule = self.site.schedule
@@ -370,17 +268,14 @@ class Daemon:
                 # Re-sends go back to their destinations' senders, which send them in batches.
                 destinations, more_due = await schedule.release_due()
                 for dst in destinations:
-                    self.peers.kick(dst)
+                    self.site.peers.kick(dst)
                 expired = await schedule.expire_due() == CLAIM_BATCH
                 if more_due or expired:
                     continue  # more is due: go on without waiting for the next tick
             except (RedisError, OSError) as exc:
                 self.site.metrics.error("redis")
                 log.error("retry/expiry timer: redis failed (%s)", exc)
-            await self._sleep_unless_stopping(settings.tick_s)
-
-    async def _sleep_unless_stopping(self, delay_s: float) -> None:
-        await sleep_unless(self._stopping, delay_s)
+            await sleep_unless(self._stopping, settings.tick_s)
 
 
 def _redacted(url: str) -> str:
@@ -394,7 +289,7 @@ def _redacted(url: str) -> str:
 async def open_site(
     settings: Settings, signer: Signer, resolver: Resolver, clock: Callable[[], float] = time.time
 ) -> Site:
-    """Connect to Redis, find our twin id, and wire the parts together."""
+    """Connect to Redis, find our twin id, and make the parts of the site, each from the ones before it."""
     redis = open_redis(settings, settings.redis_connections)
     try:
         await redis.ping()
@@ -413,9 +308,6 @@ async def open_site(
             raise StartupError(
                 f"no twin found for this key ({ss58_encode(signer.public_key)}): {exc}; pass --twin N"
             ) from exc
-    http = open_http(settings)
-    store = Store(redis)
-    backoff = Backoff(settings.retry_delay_s, settings.retry_max_delay_s)
     metrics = Metrics()
     if isinstance(resolver, CachedResolver):
         metrics.watch_twin_cache(resolver.stats)
@@ -426,8 +318,65 @@ async def open_site(
         rotate_s=settings.event_log_rotate_s,
         clock=clock,
     )
+    inflight = InFlight(metrics)
+    store = Store(redis)
+    http = open_http(settings)
     # --max-message-size is the largest payload: HTTP bodies carry it base64-encoded in an envelope.
     max_body_bytes = envelope_size_limit(settings.max_message_bytes)
+
+    items = SendItems(store, twin)
+    schedule = Schedule(
+        store,
+        items,
+        backoff=Backoff(settings.retry_delay_s, settings.retry_max_delay_s),
+        hold_offline=settings.hold_offline,
+        clock=clock,
+        metrics=metrics,
+        events=events,
+    )
+    posts = PostClient(
+        http,
+        resolver,
+        clock,
+        metrics,
+        max_batch_bytes=max_body_bytes,
+        probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
+    )
+
+    # The one part used before it is made: the door (below) answers what peers send over links. It hands
+    # replies to the handlers, which wake the peers, which send over the links.
+    async def answer_on_link(peer: int, messages: list[object]) -> list[dict[str, object]]:
+        return await answer_link_frame(door, peer, messages)
+
+    links = None
+    if settings.links:
+        links = Links(
+            twin,
+            signer,
+            resolver,
+            http,
+            answer_on_link,
+            timeout_s=settings.send_timeout_s,
+            ping_s=settings.link_ping_s,
+            max_frame_bytes=max_body_bytes,
+        )
+    peers = Peers(
+        store,
+        items,
+        schedule,
+        posts,
+        signer,
+        inflight.spawn,
+        inflight.stopping,
+        links=links,
+        probe_s=settings.probe_interval_s,
+        workers=settings.workers,
+        clock=clock,
+        metrics=metrics,
+        events=events,
+    )
+
+    handlers = Handlers(store, items, twin, peers.kick_all, clock, metrics, events)
     door_redis = open_redis(settings, settings.redis_connections, wait_s=settings.door_redis_wait_s)
     door = Door(
         Store(door_redis),
@@ -437,56 +386,30 @@ async def open_site(
         clock,
         metrics,
         twin,
+        deliver_replies=handlers.deliver_from_peers,
         events=events,
         max_message_bytes=max_body_bytes,
         rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
     )
-    links = None
-    if settings.links:
-        links = Links(
-            twin,
-            signer,
-            resolver,
-            http,
-            functools.partial(answer_link_frame, door),
-            timeout_s=settings.send_timeout_s,
-            ping_s=settings.link_ping_s,
-            max_frame_bytes=max_body_bytes,
-        )
-    posts = PostClient(
-        http,
-        resolver,
-        clock,
-        metrics,
-        max_batch_bytes=max_body_bytes,
-        probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
-    )
-    items = SendItems(store, twin)
-    schedule = Schedule(
-        store,
-        items,
-        backoff=backoff,
-        hold_offline=settings.hold_offline,
+    return Site(
+        settings=settings,
+        twin=twin,
+        redis=redis,
+        door_redis=door_redis,
+        http=http,
+        store=store,
+        signer=signer,
         clock=clock,
         metrics=metrics,
         events=events,
-    )
-    return Site(
-        settings,
-        twin,
-        redis,
-        door_redis,
-        http,
-        store,
-        signer,
-        items,
-        posts,
-        schedule,
-        door,
-        clock,
-        metrics,
-        events,
-        links,
+        inflight=inflight,
+        items=items,
+        schedule=schedule,
+        posts=posts,
+        links=links,
+        peers=peers,
+        handlers=handlers,
+        door=door,
     )
 
 
@@ -517,7 +440,7 @@ async def serve(
         twin=site.twin,
         resolver=resolver,
         metrics=site.metrics,
-        submit=daemon.handlers.submit,
+        submit=site.handlers.submit,
         withdraw=site.store.withdraw,
         open_redis=functools.partial(open_redis, settings),
     )

@@ -1,27 +1,18 @@
-"""msgbusd's exceptions and the RMB ``err`` and HTTP error texts, made in one place.
+"""msgbusd's exceptions (their wire texts are in :mod:`wire.error_texts`).
 
-    MsgbusError
-    ├── InvalidMessage         a message fails validation (reason is one of the contract's texts)
-    ├── DeliveryError          a send to a peer failed; ``offline``: the peer did not answer at all
-    └── RejectedRequest        the HTTP door refuses a message (status + Message)
-
-The wire texts must stay byte-identical to go-rmb's, since clients match on them.
+MsgbusError
+├── InvalidMessage         a message fails validation (reason is one of the contract's texts)
+├── DeliveryError          a send to a peer failed; ``offline``: the peer did not answer at all
+└── RejectedRequest        the HTTP door refuses a message (status + Message)
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Literal
 
-# Validation reasons (go-rmb texts).
-VERSION_MISMATCH = "protocol version mismatch"
-MISSING_COMMAND = "missing command request"
-MISSING_DESTINATION = "missing twin destination"
-MISSING_RETURN_QUEUE = "return queue not defined"
-RESERVED_COMMAND = "invalid command: msgbus.system.* lists belong to the daemon"
-
+from wire.error_texts import invalid_message_text
 
 # What kind of failure a delivery was, for metrics.
 DeliveryErrorKind = Literal["unreachable", "busy", "refused", "not_found", "other"]
@@ -96,18 +87,6 @@ class RejectedRequest(MsgbusError):
         return f"{self.status} {self.message}"
 
 
-def invalid_message_text(reason: str) -> str:
-    return f"received invalid message: {reason}"
-
-
-def all_retries_done_text(cause: str) -> str:
-    return f"all retries done: {cause}"
-
-
-def expired_text(exp_s: int) -> str:
-    return f"request timeout (expiration reached, {exp_s})"
-
-
 # Answers of a site that is up but cannot take messages now (e.g. its Redis is down): like no answer.
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
@@ -129,38 +108,3 @@ def peer_refusal(
         kind="unreachable" if offline else "refused",
         final=status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     )
-
-
-def too_large_text(max_bytes: int) -> str:
-    """What a site answers (413) to a message over its size limit."""
-    return f"message too large: this site takes at most {max_bytes} bytes"
-
-
-def http_error_body(message: str) -> bytes:
-    """The body go-rmb answers errors with (capitalised keys)."""
-    return json.dumps({"Status": "error", "Message": message}).encode()
-
-
-def go_duration(seconds: float) -> str:
-    """Format a duration the way Go's ``time.Duration.String`` does, e.g. ``1m5.25s`` or ``2h0m0s``."""
-    if seconds == 0:
-        return "0s"
-    sign = "-" if seconds < 0 else ""
-    total_ns = round(abs(seconds) * 1e9)
-    if total_ns < 1_000_000_000:
-        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if total_ns >= size:
-                return sign + _trim(total_ns / size) + unit
-    hours, rest = divmod(total_ns, 3_600_000_000_000)
-    minutes, rest = divmod(rest, 60_000_000_000)
-    secs = _trim(rest / 1e9)
-    if hours:
-        return f"{sign}{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{sign}{minutes}m{secs}s"
-    return f"{sign}{secs}s"
-
-
-def _trim(value: float) -> str:
-    text = f"{value:.9f}".rstrip("0").rstrip(".")
-    return text or "0"

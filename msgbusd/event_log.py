@@ -19,9 +19,9 @@ from typing import IO, Any
 
 import orjson
 
-from msgbusd import event_schema as ev
-from msgbusd.backoff import sleep_unless
-from msgbusd.envelope import Envelope, payload_size
+from wire import event_schema as ev
+from wire.backoff import sleep_unless
+from wire.envelope import Envelope, payload_size
 
 FLUSH_INTERVAL_S = 0.5
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024

@@ -22,10 +22,10 @@ from msgbusd.daemon import bind_socket
 from msgbusd.errors import StartupError
 from msgbusd.gateway_app import Nodes, create_gateway_app
 from msgbusd.serving import server as quiet_server
-from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
 from twin_resolver.base import Resolver
 from twin_resolver.factory import build_resolver
 from twin_resolver.static import TwinFileError
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger("msgbusd.gateway")
 

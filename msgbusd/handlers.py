@@ -12,9 +12,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-from msgbusd import event_schema as ev
-from msgbusd import keys
-from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.errors import InvalidMessage
 from msgbusd.event_log import EventLog
 from msgbusd.logs import about
@@ -30,6 +27,9 @@ from msgbusd.queues import (
 )
 from msgbusd.send_items import SendItem, SendItems, destination_of
 from msgbusd.validation import validate
+from wire import event_schema as ev
+from wire import keys
+from wire.envelope import Envelope, EnvelopeDecodeError
 
 log = logging.getLogger("msgbusd.handlers")
 

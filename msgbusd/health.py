@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from msgbusd.backoff import Backoff
+from wire.backoff import Backoff
 
 
 @dataclass

@@ -25,20 +25,21 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from msgbusd import event_schema as ev
-from msgbusd import keys, openapi
-from msgbusd.envelope import Envelope, EnvelopeDecodeError
-from msgbusd.errors import InvalidMessage, RejectedRequest, go_duration, http_error_body, too_large_text
+from msgbusd import openapi
+from msgbusd.errors import InvalidMessage, RejectedRequest
 from msgbusd.event_log import EventLog
 from msgbusd.links import LINK_PATH, Links
 from msgbusd.metrics import ErrorCause, Metrics
 from msgbusd.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 from msgbusd.queues import Inbound, Store
 from msgbusd.rate_limit import TokenBuckets
-from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
 from msgbusd.signing import SignatureError, Signer, verify
 from msgbusd.validation import validate
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
+from wire import event_schema as ev
+from wire import keys
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, Envelope, EnvelopeDecodeError
+from wire.error_texts import go_duration, http_error_body, too_large_text
 
 # A request is remembered as seen for at most this long (its lifetime plus the freshness window otherwise).
 MAX_DEDUP_TTL_S = 366 * 24 * 3600

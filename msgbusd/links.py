@@ -44,13 +44,14 @@ import orjson
 from starlette.websockets import WebSocket
 
 from msgbusd.batching import batch_message, chunks
-from msgbusd.errors import DeliveryError, peer_refusal, too_large_text
+from msgbusd.errors import DeliveryError, peer_refusal
 from msgbusd.http_client import HttpClients
 from msgbusd.link_sockets import REFUSED, ClientSocket, LinkClosed, ServerSocket, Socket
 from msgbusd.logs import about
 from msgbusd.signing import SignatureError, Signer, verify_digest
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError
+from wire.error_texts import too_large_text
 
 log = logging.getLogger("msgbusd.links")
 

@@ -2,7 +2,7 @@
 
 Each :class:`Metrics` owns its own registry (never prometheus-client's global one), so several daemons, or
 tests, can live in one process. Counters and histograms are updated where things happen; the gauges (queue
-lengths, in-flight work, peers down) are set by the daemon's ``refresh`` hook, awaited at each scrape.
+lengths, in-flight work, peers down) are set by the daemon's ``refresh``, awaited at each scrape.
 """
 
 from __future__ import annotations
@@ -79,15 +79,12 @@ HealthCheck = Callable[[], Awaitable[dict[str, object]]]
 class Metrics:
     """The metrics of one daemon, in a registry of their own.
 
-    ``refresh`` (also settable later through the attribute) is awaited before each scrape to set the gauges,
-    typically with :meth:`set_queue_lengths`, :meth:`set_inflight` and :meth:`set_peers_down`.
+    A scrape may first await a ``refresh`` that sets the gauges (:meth:`scrape`), typically with
+    :meth:`set_queue_lengths`, :meth:`set_inflight` and :meth:`set_peers_down`.
     """
 
-    def __init__(
-        self, refresh: Refresh | None = None, *, refresh_timeout_s: float = REFRESH_TIMEOUT_S
-    ) -> None:
+    def __init__(self, *, refresh_timeout_s: float = REFRESH_TIMEOUT_S) -> None:
         self.registry = CollectorRegistry()
-        self.refresh = refresh
         self.refresh_timeout_s = refresh_timeout_s
         reg = self.registry
         self.messages = Counter(
@@ -180,12 +177,12 @@ class Metrics:
         encode, content_type = choose_encoder(accept)
         return encode(self.registry), content_type
 
-    async def scrape(self, accept: str = "") -> tuple[bytes, str]:
-        """Await the ``refresh`` hook, then :meth:`render`. A failed or slow refresh leaves stale gauges."""
-        if self.refresh is not None:
+    async def scrape(self, accept: str = "", refresh: Refresh | None = None) -> tuple[bytes, str]:
+        """Await ``refresh``, then :meth:`render`. A failed or slow refresh leaves stale gauges."""
+        if refresh is not None:
             try:
                 async with asyncio.timeout(self.refresh_timeout_s):
-                    await self.refresh()
+                    await refresh()
                 self.refresh_ok.set(1)
             except Exception as exc:
                 log.warning("metrics refresh failed, the gauges are stale: %s", _describe(exc))
@@ -195,9 +192,10 @@ class Metrics:
         return self.render(accept)
 
 
-def metrics_endpoint(metrics: Metrics) -> ASGIApp:
-    """An ASGI app serving ``metrics``, for ``Route("/metrics", metrics_endpoint(m))``."""
-    return _MetricsApp(metrics)
+def metrics_endpoint(metrics: Metrics, refresh: Refresh | None = None) -> ASGIApp:
+    """An ASGI app serving ``metrics``, for ``Route("/metrics", metrics_endpoint(m))``; ``refresh`` is
+    awaited at each scrape to set the gauges."""
+    return _MetricsApp(metrics, refresh)
 
 
 class _TwinCacheCollector(Collector):
@@ -246,11 +244,13 @@ def healthz_endpoint(check: HealthCheck, *, timeout_s: float = REFRESH_TIMEOUT_S
 # Classes rather than functions: starlette's Route calls a plain function as request -> response, but mounts
 # any other callable as an ASGI app.
 class _MetricsApp:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, refresh: Refresh | None) -> None:
         self._metrics = metrics
+        self._refresh = refresh
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body, content_type = await self._metrics.scrape(Request(scope).headers.get("accept", ""))
+        accept = Request(scope).headers.get("accept", "")
+        body, content_type = await self._metrics.scrape(accept, self._refresh)
         await Response(body, 200, headers={"Content-Type": content_type})(scope, receive, send)
 
 

@@ -28,14 +28,12 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from msgbusd import event_schema as ev
-from msgbusd.backoff import REDIS_RECONNECT, sleep_unless
 from msgbusd.errors import DeliveryError
 from msgbusd.event_log import EventLog
 from msgbusd.health import PeerHealth, probe_backoff
@@ -47,6 +45,8 @@ from msgbusd.queues import Store
 from msgbusd.schedule import Schedule
 from msgbusd.send_items import SendItem, SendItems
 from msgbusd.signing import Signer
+from wire import event_schema as ev
+from wire.backoff import REDIS_RECONNECT, sleep_unless
 
 log = logging.getLogger("msgbusd.peers")
 
@@ -344,6 +344,11 @@ class Peers:
     def down_count(self) -> int:
         """How many peers are down."""
         return sum(1 for peer in self._peers.values() if peer.health.is_down)
+
+    def kick_all(self, ready: Mapping[int, Sequence[SendItem] | None]) -> None:
+        """:meth:`kick` each destination of ``ready``."""
+        for dst, items in ready.items():
+            self.kick(dst, items)
 
     def kick(self, dst: int, items: Sequence[SendItem] | None = None) -> None:
         """``items`` were just queued for ``dst`` (None: something was, not known what): wake its sender,

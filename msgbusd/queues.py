@@ -1,9 +1,8 @@
-"""All of msgbusd's Redis I/O: reliable pops, atomic hand-offs, the backlog, the send queues and timers.
+"""All of msgbusd's Redis I/O but the taking itself: atomic hand-offs, the backlog, the send queues, timers.
 
-Every item popped from a queue is moved atomically into that queue's processing list. Each hand-off is one
-Lua script that starts by removing the item from the processing list and does nothing if it was not there,
-so a hand-off retried after a lost Redis answer cannot happen twice. Whatever a killed daemon held is moved
-back to the head of its queue at start-up.
+Items are taken from the system queues into their processing lists by :mod:`wire.reliable_list`. Each
+hand-off is one Lua script that starts by removing the item from the processing list and does nothing if it
+was not there, so a hand-off retried after a lost Redis answer cannot happen twice.
 """
 
 from __future__ import annotations
@@ -15,33 +14,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope
 from msgbusd.script_batch import ScriptBatch
 from msgbusd.send_queues import SendQueues, text
-
-# Moves a processing list back to the head of its queue, keeping the original order.
-_RECOVER = """
-local moved = 0
-while redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT') do
-  moved = moved + 1
-end
-return moved
-"""
-
-# Moves up to ARGV[1] items from the head of a queue to its processing list, without blocking.
-# KEYS: queue, processing.
-_POP_MANY = """
-local items = {}
-for i = 1, tonumber(ARGV[1]) do
-  local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
-  if not item then break end
-  items[i] = item
-end
-return items
-"""
+from wire import keys
+from wire.envelope import Envelope
 
 # KEYS: processing, target. ARGV: raw item, payload, ttl seconds (0 = none).
 _HAND_OVER = """
@@ -237,8 +214,6 @@ class Store(SendQueues):
 
     def __init__(self, redis: aioredis.Redis) -> None:
         super().__init__(redis)
-        self._recover = redis.register_script(_RECOVER)
-        self._pop_many = redis.register_script(_POP_MANY)
         self._hand_over = redis.register_script(_HAND_OVER)
         self._dead_letter = redis.register_script(_DEAD_LETTER)
         self._accept_request = redis.register_script(_ACCEPT_REQUEST)
@@ -249,31 +224,7 @@ class Store(SendQueues):
         self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
         self._count_failure = redis.register_script(_COUNT_FAILURE)
 
-    # --- reliable queues -------------------------------------------------------------------------------
-
-    async def recover(self, queue: str) -> int:
-        """Put back what a previous run left in ``queue``'s processing list; returns how many items."""
-        return int(await self._recover(keys=[keys.processing(queue), queue]))
-
-    async def take(self, queue: str, count: int, block_s: float) -> list[bytes]:
-        """Move up to ``count`` items from the head of ``queue`` into its processing list, in order, in one
-        round trip: waits up to ``block_s`` for the first, then takes what else is there."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            # redis-py types the timeout as int, but Redis takes (and sends) fractional seconds.
-            pipe.blmove(queue, keys.processing(queue), cast(int, block_s), "LEFT", "RIGHT")
-            pipe.evalsha(self._pop_many.sha, 2, queue, keys.processing(queue), count - 1)
-            first, rest = await pipe.execute(raise_on_error=False)
-        if isinstance(first, Exception):
-            raise first
-        if isinstance(rest, NoScriptError):
-            rest = await self.pop_many(queue, count - 1)
-        elif isinstance(rest, Exception):
-            raise rest
-        return [first, *rest] if first is not None else list(rest)
-
-    async def pop_many(self, queue: str, count: int) -> list[bytes]:
-        """Move up to ``count`` items from the head of ``queue`` into its processing list, without waiting."""
-        return list(await self._pop_many(keys=[queue, keys.processing(queue)], args=[count]))
+    # --- hand-offs of taken items --------------------------------------------------------------------
 
     async def hand_over_many(self, queue: str, items: Sequence[tuple[bytes, str, bytes]]) -> list[bool]:
         """For each ``(raw, target, payload)``: LPUSH ``payload`` onto ``target`` and ack ``raw``, atomically,

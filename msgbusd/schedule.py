@@ -18,16 +18,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from msgbusd import event_schema as ev
-from msgbusd import keys
-from msgbusd.backoff import Backoff
-from msgbusd.envelope import Envelope, EnvelopeDecodeError
-from msgbusd.errors import all_retries_done_text, expired_text
 from msgbusd.event_log import EventLog
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
 from msgbusd.queues import Outcome, Store
 from msgbusd.send_items import SendItem, SendItems, destination_of
+from wire import event_schema as ev
+from wire import keys
+from wire.backoff import Backoff
+from wire.envelope import Envelope, EnvelopeDecodeError
+from wire.error_texts import all_retries_done_text, expired_text
 
 log = logging.getLogger("msgbusd.schedule")
 

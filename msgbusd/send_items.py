@@ -10,11 +10,11 @@ import json
 import logging
 from dataclasses import dataclass
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.logs import about
 from msgbusd.posts import REMOTE_PATH, REPLY_PATH
 from msgbusd.queues import Store
+from wire import keys
+from wire.envelope import Envelope, EnvelopeDecodeError
 
 log = logging.getLogger("msgbusd.send_items")
 

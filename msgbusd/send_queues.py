@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from msgbusd import keys
+from wire import keys
 
 # After a send: forgets the replies the peer now has (payload, state, outbox entry) and pops the send queue's
 # head, all at once. KEYS: send queue, destinations set, replies, reply states, outbox. ARGV: destination,

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
+
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_SUBSTRATE_URL = "wss://tfchain.grid.tf"
 DEFAULT_PORT = 8051
-# The largest payload a site takes (go-rmb's limit), for the daemon, the router and the gateway alike.
-DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024
 
 
 @dataclass(frozen=True)

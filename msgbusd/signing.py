@@ -16,7 +16,7 @@ import nacl.exceptions
 import nacl.signing
 import sr25519
 
-from msgbusd.envelope import Envelope
+from wire.envelope import Envelope
 
 KeyType = Literal["ed25519", "sr25519"]
 

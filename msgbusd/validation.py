@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from msgbusd import keys
-from msgbusd.envelope import PROTOCOL_VERSION, Envelope
-from msgbusd.errors import (
+from msgbusd.errors import InvalidMessage
+from wire import keys
+from wire.envelope import PROTOCOL_VERSION, Envelope
+from wire.error_texts import (
     MISSING_COMMAND,
     MISSING_DESTINATION,
     MISSING_RETURN_QUEUE,
     RESERVED_COMMAND,
     VERSION_MISMATCH,
-    InvalidMessage,
 )
 
 

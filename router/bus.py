@@ -12,15 +12,14 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar
 
-from redis.exceptions import RedisError
+import redis.asyncio as aioredis
 
-from msgbusd import keys
-from msgbusd.backoff import Backoff, sleep_unless
-from msgbusd.envelope import PROTOCOL_VERSION, Envelope, EnvelopeDecodeError, encode_payload
-from msgbusd.queues import Store
 from router.protocol import UNLIMITED_TRIES
+from wire import keys
+from wire.envelope import PROTOCOL_VERSION, Envelope, EnvelopeDecodeError, encode_payload
+from wire.reliable_list import ReliableList, consume_in_order
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +29,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 TAKE_BATCH = 256
-REDIS_RETRY = Backoff(base_s=0.1, max_s=5.0)
 
 
 def request(dst: int, cmd: str, payload: bytes, *, message_id: str, lifetime_s: float, ret: str) -> Envelope:
@@ -87,44 +85,22 @@ class ReplyList:
     """Takes the replies that arrive on ``queue``, in batches, and hands each batch to ``handle``, which must
     acknowledge them (:meth:`ack`, or in its own scripts) or let them be taken again after a restart."""
 
-    def __init__(self, store: Store, queue: str, handle: ReplyHandler, block_s: float = 1.0) -> None:
-        self._store = store
+    def __init__(self, redis: aioredis.Redis, queue: str, handle: ReplyHandler, block_s: float = 1.0) -> None:
+        # The daemon LPUSHes replies onto a return list: the oldest is at the right.
+        self._list = ReliableList(redis, queue, keys.processing(queue), oldest="RIGHT")
         self.queue = queue
         self._handle = handle
         self._block_s = block_s
 
     @property
     def processing(self) -> str:
-        return keys.processing(self.queue)
+        return self._list.processing
 
     async def ack(self, raws: list[bytes]) -> None:
-        if not raws:
-            return
-        async with self._store.redis.pipeline(transaction=False) as pipe:
-            for raw in raws:
-                pipe.lrem(self.processing, 1, cast(Any, raw))
-            await pipe.execute()
+        await self._list.ack(raws)
 
     async def run(self, stopping: asyncio.Event) -> None:
-        failures = 0
-        recover = True
-        while not stopping.is_set():
-            try:
-                if recover:
-                    await self._store.recover(self.queue)
-                    recover = False
-                raws = await self._store.take(self.queue, TAKE_BATCH, self._block_s)
-                await self._one_batch(raws)
-                failures = 0
-            except Exception as exc:
-                # What was taken stays in the processing list and is taken again.
-                failures += 1
-                recover = True
-                if isinstance(exc, RedisError | OSError):
-                    log.warning("router: replies on %s: redis failed (%s); trying again", self.queue, exc)
-                else:
-                    log.exception("router: handling replies on %s failed; trying again", self.queue)
-                await sleep_unless(stopping, REDIS_RETRY.delay_s(failures))
+        await consume_in_order(self._list, self._one_batch, stopping, batch=TAKE_BATCH, block_s=self._block_s)
 
     async def _one_batch(self, raws: list[bytes]) -> None:
         replies = []

@@ -27,12 +27,9 @@ from starlette.routing import Route as HttpRoute
 
 from client.errors import HandlerError
 from client.request import Request as BusRequest
-from msgbusd.backoff import Backoff, sleep_unless
-from msgbusd.envelope import Envelope
 from msgbusd.http_client import HttpClients, HttpFailed
-from msgbusd.queues import Store
 from router import bus, keys
-from router.commands import CommandServer
+from router.commands import command_service
 from router.config import RouterSettings
 from router.http_common import (
     JSON_TYPE,
@@ -71,6 +68,8 @@ from router.rules import EndpointType
 from router.store import StoreError, decode_catalog
 from router.validation import Catalog
 from twin_resolver.base import Resolver, ResolverError
+from wire.backoff import Backoff, sleep_unless
+from wire.envelope import Envelope
 
 log = logging.getLogger(__name__)
 
@@ -145,17 +144,17 @@ class CloudRouter:
         self._expect = bus.Coalescer(self._outcomes.expect_many)
         self._count = bus.Coalescer(self._outcomes.count_many)
         self._waiters = bus.Waiters()
-        self._replies = bus.ReplyList(Store(redis), CLOUD_REPLIES, self._on_replies)
+        self._replies = bus.ReplyList(redis, CLOUD_REPLIES, self._on_replies)
         self._http = HttpClients(settings.http_timeout_s)
         self._backoff = Backoff(settings.retry_delay_s, settings.retry_max_delay_s)
         self._claim = redis.register_script(_CLAIM)
         self._attempts = asyncio.Semaphore(settings.workers)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.commands = CommandServer(
+        self.commands = command_service(
             redis,
             {DELIVER: self._deliver, FORWARD: self._forward, RULES: self._rules},
             name="cloud-router",
-            concurrency=settings.workers,
+            workers=settings.workers,
             grace_s=settings.drain_grace_s,
         )
 
@@ -172,7 +171,7 @@ class CloudRouter:
     async def run(self, stopping: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._replies.run(stopping), name="router replies")
-            group.create_task(self.commands.run(stopping), name="router commands")
+            group.create_task(self.commands.serve(stopping=stopping), name="router commands")
             group.create_task(self._retry_deliveries(stopping), name="router deliveries")
             await stopping.wait()
         if self._tasks:

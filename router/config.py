@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
 
 DEFAULT_ROUTER_LISTEN = ("127.0.0.1", 9443)
 DEFAULT_SERVICEBUS_LISTEN = ("127.0.0.1", 9060)

@@ -32,12 +32,9 @@ from starlette.routing import Route as HttpRoute
 
 from client.errors import HandlerError
 from client.request import Request as BusRequest
-from msgbusd.backoff import sleep_unless
-from msgbusd.envelope import Envelope
 from msgbusd.http_client import HttpClients, HttpFailed
-from msgbusd.queues import Store
 from router import bus, keys
-from router.commands import CommandServer
+from router.commands import command_service
 from router.config import RouterSettings
 from router.http_common import (
     METHODS,
@@ -76,6 +73,8 @@ from router.routes import EVENTBUS, REST, SERVICEBUS, Route, RouteTable
 from router.rules import DocumentError, EndpointType, parse_document
 from router.validation import Catalog
 from twin_resolver.base import Resolver, ResolverError
+from wire.backoff import sleep_unless
+from wire.envelope import Envelope
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ class EdgeRouter:
         # The MQTT filters subscribed to (as recorded in Redis: the broker keeps them across restarts).
         self._subscribed: set[str] = set()
         self._waiters = bus.Waiters()
-        self._replies = bus.ReplyList(Store(redis), EDGE_REPLIES, self._on_replies)
+        self._replies = bus.ReplyList(redis, EDGE_REPLIES, self._on_replies)
         self._refresh_lock = asyncio.Lock()
         self._http = HttpClients(settings.call_timeout_s)
         self.mqtt: MqttBridge | None = None
@@ -124,11 +123,11 @@ class EdgeRouter:
                 ),
                 on_batch=self._from_mqtt,
             )
-        self.commands = CommandServer(
+        self.commands = command_service(
             redis,
             {PUBLISH: self._publish, CALL: self._call},
             name="edge-router",
-            concurrency=settings.workers,
+            workers=settings.workers,
             grace_s=settings.drain_grace_s,
         )
 
@@ -153,7 +152,7 @@ class EdgeRouter:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._replies.run(stopping), name="edge router replies")
-                group.create_task(self.commands.run(stopping), name="edge router commands")
+                group.create_task(self.commands.serve(stopping=stopping), name="edge router commands")
                 refreshing = group.create_task(self._refresh_forever(stopping), name="edge router rules")
                 await stopping.wait()
                 # A refresh waiting for a cloud that is away must not hold up the stop.

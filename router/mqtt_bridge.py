@@ -54,9 +54,9 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from msgbusd.backoff import Backoff
-from msgbusd.settings import DEFAULT_MAX_MESSAGE_BYTES
 from router.matching import topic_filter_error, topic_name_error
+from wire.backoff import Backoff
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 

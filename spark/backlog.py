@@ -7,7 +7,7 @@ from typing import Final
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from msgbusd import event_schema as ev
+from wire import event_schema as ev
 
 # Upper bounds of the age buckets, in seconds, with their labels; older entries fall in the last label.
 AGE_BUCKETS_S: Final = (

@@ -7,8 +7,8 @@ from typing import Final
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from msgbusd import event_schema as ev
 from spark.timeline import NO_OUTCOME
+from wire import event_schema as ev
 
 ERROR_EVENTS: Final = (ev.SEND_FAILED, ev.FAILED, ev.EXPIRED, ev.REJECTED, ev.REPLY_FAILED)
 # `failed` repeats the last attempt's error after this prefix; the cause is what follows it.

@@ -17,8 +17,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from msgbusd import event_schema as ev
 from spark.schema import CORRUPT_RECORD, backlog_schema, event_schema, with_corrupt_record
+from wire import event_schema as ev
 
 # Why a line was set aside; null for the lines that are kept.
 DISPOSITION: Final = "_disposition"

@@ -13,12 +13,12 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from msgbusd import event_schema as ev
 from spark import backlog, failures, latency, throughput, timeline
 from spark.ingest import BACKLOG, EVENTS, OUTSIDE_WINDOW, Loaded, Source, load
 from spark.outputs import table_path, write_table, write_text
 from spark.progress import Progress
 from spark.report import InputCounts, ReportData, report_html, summary_markdown
+from wire import event_schema as ev
 
 REPORT_ROWS: Final = 15  # rows of each table shown in the report
 HOP_NAMES: Final = [hop.removesuffix("_us") for hop in timeline.HOPS]  # in the order a request takes them

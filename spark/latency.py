@@ -13,8 +13,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from msgbusd import event_schema as ev
 from spark.timeline import HOPS
+from wire import event_schema as ev
 
 ACCURACY: Final = 10_000
 PERCENTILES: Final = (0.5, 0.9, 0.99)

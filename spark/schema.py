@@ -1,4 +1,4 @@
-"""Spark schemas of the event log and the backlog snapshot, built from ``msgbusd.event_schema``.
+"""Spark schemas of the event log and the backlog snapshot, built from ``wire.event_schema``.
 
 The JSON is always read with these schemas, never inferred: inference reads the data twice and turns a
 field that happens to be absent from a whole file into a missing column.
@@ -18,7 +18,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from msgbusd import event_schema as ev
+from wire import event_schema as ev
 
 # The column Spark fills with the raw text of a line it could not parse against the schema.
 CORRUPT_RECORD: Final = "_corrupt_record"

@@ -8,8 +8,8 @@ from typing import Final
 
 import numpy as np
 
-from msgbusd import event_schema as ev
 from spark.synthetic_events import COMMANDS, EXPIRATION_S, RETRY_DELAY_MS
+from wire import event_schema as ev
 
 KIND_WEIGHTS: Final = {"request": 0.5, "retry": 0.15, "reply": 0.1, "queued": 0.2, "dead_letter": 0.05}
 

@@ -14,7 +14,7 @@ from typing import Final
 
 import numpy as np
 
-from msgbusd import event_schema as ev
+from wire import event_schema as ev
 
 COMMANDS: Final = (  # command, median service time in ms
     ("calc.add", 1.0),

@@ -7,7 +7,7 @@ from typing import Final
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from msgbusd import event_schema as ev
+from wire import event_schema as ev
 
 COUNTED_EVENTS: Final = (ev.ACCEPTED, ev.DELIVERED, ev.FAILED, ev.EXPIRED, ev.RECEIVED, ev.REJECTED)
 

@@ -17,7 +17,7 @@ from typing import Final
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from msgbusd import event_schema as ev
+from wire import event_schema as ev
 
 # The steps of a request's life in the order they happen, whatever the clocks say: the furthest one a
 # request reached tells where an unanswered request stopped.

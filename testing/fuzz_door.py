@@ -30,14 +30,14 @@ import redis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.http_api import seen_id
 from msgbusd.identity import load_signer, new_mnemonic
 from msgbusd.send_items import destination_of
 from msgbusd.signing import SignatureError, Signer, verify
 from testing.local_sites import LocalCluster, free_port, wait_until
 from twin_resolver.base import Twin
+from wire import keys
+from wire.envelope import Envelope, EnvelopeDecodeError
 
 SITE, PEER, ASKED, ROGUE, ED_TWIN, UNKNOWN = 1, 2, 20, 21, 22, 999
 SIGNED_PATHS = ("/zbus-remote", "/zbus-reply", "/zbus-cmd")

@@ -29,16 +29,29 @@ def free_port() -> int:
     """A loopback port nothing listens on, below the kernel's ephemeral range: a port the kernel handed out
     would be free now, but any outgoing connection (to Redis, to a peer) may take it as its source port
     before the server that was meant to listen there starts."""
-    low = _ephemeral_ports()[0]
+    low, high = _port_range()
     for _ in range(1000):
-        port = random.randrange(10_000, low)
+        port = random.randrange(low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port found between 10000 and {low}")
+    raise RuntimeError(f"no free port found between {low} and {high}")
+
+
+def _port_range() -> tuple[int, int]:
+    """Ports 10000 up to the ephemeral range; under pytest-xdist, this worker's share of them, so that a port
+    one worker's test left free for a moment (a server it restarts) is never picked by another."""
+    low, high = 10_000, _ephemeral_ports()[0]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and workers > 1:
+        share = (high - low) // workers
+        low += int(worker.removeprefix("gw")) * share
+        high = low + share
+    return low, high
 
 
 def _ephemeral_ports() -> tuple[int, int]:

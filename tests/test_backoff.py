@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 
-from msgbusd.backoff import Backoff
-from msgbusd.envelope import Envelope
 from msgbusd.schedule import Schedule
 from msgbusd.send_items import SendItem
+from wire.backoff import Backoff
+from wire.envelope import Envelope
 
 
 def test_delays_double_up_to_the_maximum_and_jitter_only_lengthens_them() -> None:

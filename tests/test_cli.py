@@ -19,9 +19,9 @@ import redis
 from typer.testing import CliRunner
 
 from client.cli import app
-from msgbusd import keys
-from msgbusd.envelope import Envelope, decode_payload, encode_payload
 from tests.support.servers import free_port
+from wire import keys
+from wire.envelope import Envelope, decode_payload, encode_payload
 
 PHRASE = "bottom drive obey lake curtain smoke basket hold race lonely fit walk"
 MSGBUS = Path(sys.executable).parent / "msgbus"

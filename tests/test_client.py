@@ -26,9 +26,9 @@ from client.protocol import (
     pop_chunk,
     wait_timeout,
 )
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
-from msgbusd.errors import all_retries_done_text, expired_text, invalid_message_text
+from wire import keys
+from wire.envelope import Envelope, encode_payload
+from wire.error_texts import all_retries_done_text, expired_text, invalid_message_text
 
 LOCAL_TWIN = 1
 

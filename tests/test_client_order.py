@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from client import AsyncClient, Client
-from msgbusd import keys
-from msgbusd.envelope import Envelope
 from testing.local_sites import LocalCluster
 from tests.support.services import RawService
+from wire import keys
+from wire.envelope import Envelope
 
 pytestmark = pytest.mark.timeout(60)
 

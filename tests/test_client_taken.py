@@ -20,10 +20,10 @@ from redis.retry import Retry
 
 from client import AsyncClient, CallTimeout, Client, ProtocolError
 from client.protocol import ReplyCollector, ReplyTaker
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
 from tests.support.servers import RedisProcess, free_port, wait_until
 from tests.support.tcp_proxy import TcpProxy
+from wire import keys
+from wire.envelope import Envelope, encode_payload
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,12 +16,12 @@ import pytest
 import redis
 import typer
 
-from msgbusd import keys
 from msgbusd.cli import parse_listen
-from msgbusd.envelope import Envelope
 from testing.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 from twin_resolver.base import Twin
 from twin_resolver.static import write_twin_file
+from wire import keys
+from wire.envelope import Envelope
 
 SEED = "0x" + "22" * 32
 
@@ -267,14 +267,14 @@ def test_items_left_by_a_killed_daemon_are_taken_again_at_start(one_site: LocalC
     (answer,) = conn.lrange(ret, 0, -1)
     assert Envelope.decode(answer).err == "received invalid message: protocol version mismatch"
     assert conn.llen(keys.processing(keys.LOCAL)) == 0
-    assert "recovered 1 unfinished item(s) of msgbus.system.local" in site.log()
+    assert "took back 1 unfinished item(s) of msgbus.system.local left by the previous run" in site.log()
     conn.close()
 
 
 def test_daemon_survives_a_redis_restart(one_site: LocalCluster) -> None:
     server = one_site.redis[0]
     server.kill()
-    wait_until(lambda: "cannot pop msgbus.system" in one_site.sites[0].log(), what="the daemon to notice")
+    wait_until(lambda: ": redis failed (" in one_site.sites[0].log(), what="the daemon to notice")
     server.start()
     conn = redis.Redis.from_url(server.url)
     ret = "0f6a4f1e-8a39-4f8e-9a43-1d5a3a3b9c2e"

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from msgbusd.envelope import Envelope, EnvelopeDecodeError, decode_payload, encode_payload
-from msgbusd.errors import InvalidMessage, go_duration, invalid_message_text
+from msgbusd.errors import InvalidMessage
 from msgbusd.validation import validate
+from wire.envelope import Envelope, EnvelopeDecodeError, decode_payload, encode_payload
+from wire.error_texts import go_duration, invalid_message_text
 
 WIRE_ORDER = [
     "ver",

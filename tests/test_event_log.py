@@ -7,10 +7,10 @@ import base64
 import json
 from pathlib import Path
 
-from msgbusd import event_schema as ev
-from msgbusd.envelope import Envelope, encode_payload, payload_size
 from msgbusd.event_log import EventLog
 from tests.support.events import read_events
+from wire import event_schema as ev
+from wire.envelope import Envelope, encode_payload, payload_size
 
 
 def test_a_line_has_the_site_the_event_and_the_message_fields(tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ import redis
 from typer.testing import CliRunner
 
 from client.cli import app
-from msgbusd import event_schema as ev
-from msgbusd import keys
 from testing.local_sites import LocalCluster, wait_until
 from tests.support.services import RawService, pop_replies, push_request
+from wire import event_schema as ev
+from wire import keys
 
 runner = CliRunner()
 

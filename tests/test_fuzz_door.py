@@ -19,8 +19,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope
 from testing.fuzz_door import (
     ASKED,
     ENDPOINTS,
@@ -34,6 +32,8 @@ from testing.fuzz_door import (
     fuzz_target,
 )
 from testing.local_sites import wait_until
+from wire import keys
+from wire.envelope import Envelope
 
 pytestmark = pytest.mark.timeout(180)
 

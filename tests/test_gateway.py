@@ -20,13 +20,13 @@ import redis
 from typer.testing import CliRunner
 
 from client.cli import app
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
 from msgbusd.identity import load_signer
 from msgbusd.signing import Signer, verify
 from testing.local_sites import LocalCluster, free_port, wait_until
 from tests.support.services import RawService
 from twin_resolver.base import Twin
+from wire import keys
+from wire.envelope import Envelope, encode_payload
 
 pytestmark = pytest.mark.timeout(60)
 

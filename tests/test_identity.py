@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from substrateinterface import Keypair, KeypairType
 
-from msgbusd.envelope import Envelope
 from msgbusd.identity import IdentityError, load_signer, new_mnemonic
 from msgbusd.signing import verify
 from twin_resolver.accounts import account_from_text, ss58_encode
+from wire.envelope import Envelope
 
 PHRASE = "bottom drive obey lake curtain smoke basket hold race lonely fit walk"
 MINI_SECRET = "fac7959dbfe72f052e5a0c3c8d6530f202b02fd8f9f5ca3580ec8deb7797479e"

@@ -19,9 +19,12 @@ from msgbusd.metrics import (
     MESSAGE_EVENTS,
     HealthCheck,
     Metrics,
+    Refresh,
     healthz_endpoint,
     metrics_endpoint,
 )
+
+Scrape = Callable[..., Awaitable[httpx.Response]]
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -38,10 +41,12 @@ def value(metrics: Metrics, name: str, **labels: str) -> float:
     return samples(body.decode())[(name, frozenset(labels.items()))]
 
 
-def client_for(metrics: Metrics | None = None, check: HealthCheck | None = None) -> httpx.AsyncClient:
+def client_for(
+    metrics: Metrics | None = None, check: HealthCheck | None = None, refresh: Refresh | None = None
+) -> httpx.AsyncClient:
     routes = []
     if metrics is not None:
-        routes.append(Route("/metrics", metrics_endpoint(metrics)))
+        routes.append(Route("/metrics", metrics_endpoint(metrics, refresh)))
     if check is not None:
         routes.append(Route("/healthz", healthz_endpoint(check, timeout_s=0.2)))
     transport = httpx.ASGITransport(app=Starlette(routes=routes))
@@ -49,11 +54,11 @@ def client_for(metrics: Metrics | None = None, check: HealthCheck | None = None)
 
 
 @pytest.fixture
-async def scrape() -> AsyncIterator[Callable[[Metrics], Awaitable[httpx.Response]]]:
+async def scrape() -> AsyncIterator[Scrape]:
     clients: list[httpx.AsyncClient] = []
 
-    async def get(metrics: Metrics) -> httpx.Response:
-        client = client_for(metrics)
+    async def get(metrics: Metrics, refresh: Refresh | None = None) -> httpx.Response:
+        client = client_for(metrics, refresh=refresh)
         clients.append(client)
         return await client.get("/metrics")
 
@@ -132,9 +137,7 @@ def test_each_daemon_has_its_own_registry() -> None:
     assert "msgbus_" not in global_text
 
 
-async def test_refresh_hook_is_awaited_before_each_scrape(
-    scrape: Callable[[Metrics], Awaitable[httpx.Response]],
-) -> None:
+async def test_refresh_is_awaited_before_each_scrape(scrape: Scrape) -> None:
     calls = 0
 
     async def refresh() -> None:
@@ -153,9 +156,8 @@ async def test_refresh_hook_is_awaited_before_each_scrape(
         metrics.set_peers_down(1)
 
     metrics = Metrics()
-    metrics.refresh = refresh
-    first = await scrape(metrics)
-    second = await scrape(metrics)
+    first = await scrape(metrics, refresh)
+    second = await scrape(metrics, refresh)
 
     assert calls == 2
     assert first.status_code == second.status_code == 200
@@ -169,9 +171,7 @@ async def test_refresh_hook_is_awaited_before_each_scrape(
     assert found[("msgbus_refresh_ok", frozenset())] == 1
 
 
-async def test_failed_refresh_leaves_stale_gauges(
-    scrape: Callable[[Metrics], Awaitable[httpx.Response]], caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_failed_refresh_leaves_stale_gauges(scrape: Scrape, caplog: pytest.LogCaptureFixture) -> None:
     fail = False
 
     async def refresh() -> None:
@@ -179,12 +179,12 @@ async def test_failed_refresh_leaves_stale_gauges(
             raise ConnectionError("redis is down")
         metrics.set_inflight(5)
 
-    metrics = Metrics(refresh)
+    metrics = Metrics()
     metrics.message("received")
-    await scrape(metrics)
+    await scrape(metrics, refresh)
     fail = True
     with caplog.at_level(logging.WARNING, logger="msgbusd.metrics"):
-        response = await scrape(metrics)
+        response = await scrape(metrics, refresh)
 
     assert response.status_code == 200
     found = samples(response.text)
@@ -194,12 +194,12 @@ async def test_failed_refresh_leaves_stale_gauges(
     assert "redis is down" in caplog.text
 
 
-async def test_slow_refresh_times_out(scrape: Callable[[Metrics], Awaitable[httpx.Response]]) -> None:
+async def test_slow_refresh_times_out(scrape: Scrape) -> None:
     async def refresh() -> None:
         await asyncio.sleep(10)
 
-    metrics = Metrics(refresh, refresh_timeout_s=0.05)
-    response = await scrape(metrics)
+    metrics = Metrics(refresh_timeout_s=0.05)
+    response = await scrape(metrics, refresh)
     assert response.status_code == 200
     assert samples(response.text)[("msgbus_refresh_ok", frozenset())] == 0
 

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("msgbusd", "client", "twin_resolver", "spark", "router", "bench", "testing")
+PACKAGES = ("wire", "msgbusd", "client", "twin_resolver", "spark", "router", "bench", "testing")
 # Product code: what an installed site runs.
-PRODUCT = ("msgbusd", "client", "twin_resolver", "spark", "router")
+PRODUCT = ("wire", "msgbusd", "client", "twin_resolver", "spark", "router")
+# The client's commands that start or set up a daemon, and the demo, which runs two.
+CLIENT_DAEMON_COMMANDS = ("client.cli", "client.demo")
 
 
 def _modules() -> dict[str, Path]:
@@ -95,8 +97,8 @@ def _cycles(edges: dict[str, set[str]]) -> set[frozenset[str]]:
 
 def test_the_graph_is_read_from_the_source() -> None:
     packages = _graph(1)
-    assert "msgbusd" in packages["client"] and "twin_resolver" in packages["msgbusd"]
-    assert "msgbusd.envelope" in _graph(None)["msgbusd.handlers"]
+    assert "wire" in packages["client"] and "twin_resolver" in packages["msgbusd"]
+    assert "wire.envelope" in _graph(None)["msgbusd.handlers"]
 
 
 def test_neither_packages_nor_modules_import_each_other_in_a_cycle() -> None:
@@ -116,7 +118,22 @@ def test_the_product_does_not_import_the_benchmarks_or_the_tests(package: str) -
 def test_the_daemon_is_the_rmb_daemon_alone() -> None:
     """The rules router runs beside it as a companion (an entry point); the daemon names neither it nor the
     client."""
-    assert _graph(1)["msgbusd"] == {"twin_resolver"}
+    assert _graph(1)["msgbusd"] == {"twin_resolver", "wire"}
+
+
+def test_the_wire_layer_imports_nothing_else_of_msgbus() -> None:
+    assert _graph(1)["wire"] == set()
+
+
+def test_the_client_library_and_the_miner_need_only_the_wire_layer() -> None:
+    """An app that calls or serves commands installs no daemon; the Spark job reads the event log's
+    schema from the wire layer."""
+    needs = {
+        module: {target.split(".")[0] for target in targets} - {module.split(".")[0]}
+        for module, targets in _graph(None).items()
+        if module.split(".")[0] in ("client", "spark") and module not in CLIENT_DAEMON_COMMANDS
+    }
+    assert {module: packages for module, packages in needs.items() if packages - {"wire", "client"}} == {}
 
 
 def test_the_resolver_stands_alone() -> None:

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from msgbusd.envelope import Envelope, EnvelopeDecodeError
 from msgbusd.identity import IdentityError, load_signer
 from msgbusd.signing import SIGNATURE_LENGTH, SignatureError, Signer, challenge, verify
+from wire.envelope import Envelope, EnvelopeDecodeError
 
 PHRASE = "bottom drive obey lake curtain smoke basket hold race lonely fit walk"
 SIGNERS = {kind: load_signer(PHRASE, kind) for kind in ("ed25519", "sr25519")}

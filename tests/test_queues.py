@@ -7,7 +7,6 @@ import time
 
 import redis.asyncio as aioredis
 
-from msgbusd import keys
 from msgbusd.queues import (
     REPLY_KEY_TAKEN,
     REPLY_QUEUED,
@@ -18,29 +17,19 @@ from msgbusd.queues import (
     PendingReply,
     Store,
 )
+from wire import keys
+from wire.reliable_list import ReliableList
 
 
-async def test_pop_many_moves_items_to_the_processing_list_in_order(async_redis: aioredis.Redis) -> None:
-    store = Store(async_redis)
-    await async_redis.rpush(keys.LOCAL, b"a", b"b", b"c")
-    assert await store.pop_many(keys.LOCAL, 2) == [b"a", b"b"]
-    assert await async_redis.lrange(keys.processing(keys.LOCAL), 0, -1) == [b"a", b"b"]
-    assert await store.pop_many(keys.LOCAL, 5) == [b"c"]
-    assert await store.pop_many(keys.LOCAL, 5) == []
-
-
-async def test_recover_puts_unfinished_items_back_at_the_head_in_order(async_redis: aioredis.Redis) -> None:
-    store = Store(async_redis)
-    await async_redis.rpush(keys.LOCAL, b"a", b"b", b"c")
-    await store.pop_many(keys.LOCAL, 2)
-    assert await store.recover(keys.LOCAL) == 2
-    assert await async_redis.lrange(keys.LOCAL, 0, -1) == [b"a", b"b", b"c"]
+async def taken(redis: aioredis.Redis, queue: str, count: int) -> list[bytes]:
+    """Take ``count`` items of a system queue into its processing list, as the daemon does."""
+    return await ReliableList(redis, queue, keys.processing(queue), oldest="LEFT").take_now(count)
 
 
 async def test_a_hand_over_repeated_after_a_lost_answer_happens_once(async_redis: aioredis.Redis) -> None:
     store = Store(async_redis)
     await async_redis.rpush(keys.REMOTE, b"req")
-    (raw,) = await store.pop_many(keys.REMOTE, 1)
+    (raw,) = await taken(async_redis, keys.REMOTE, 1)
     item = (raw, keys.command_queue("x"), raw)
     assert await store.hand_over_many(keys.REMOTE, [item]) == [True]
     assert await store.hand_over_many(keys.REMOTE, [item]) == [False]
@@ -54,7 +43,7 @@ async def test_a_request_is_accepted_once_and_queued_for_each_destination(
     store = Store(async_redis)
     await async_redis.set(keys.uid_counter(3), 41)
     await async_redis.rpush(keys.LOCAL, b"req")
-    (raw,) = await store.pop_many(keys.LOCAL, 1)
+    (raw,) = await taken(async_redis, keys.LOCAL, 1)
     request = AcceptedRequest(raw, b"original", 123.0, [2, 3])
     assert await store.accept_requests([request]) == [["2.1", "3.42"]]
     assert await store.accept_requests([request]) == [None]
@@ -71,7 +60,7 @@ async def test_a_reply_is_recorded_once_and_a_second_one_for_the_same_uid_goes_t
 ) -> None:
     store = Store(async_redis)
     await async_redis.rpush(keys.REPLY, b"first", b"second")
-    first, second = await store.pop_many(keys.REPLY, 2)
+    first, second = await taken(async_redis, keys.REPLY, 2)
     state = {"first": 1.0, "attempts": 0, "deadline": 61.0}
     replies = [PendingReply(first, 2, "2|u", b"one", state), PendingReply(second, 2, "2|u", b"two", state)]
     assert await store.accept_replies(keys.REPLY, replies) == [REPLY_QUEUED, REPLY_KEY_TAKEN]
@@ -90,7 +79,7 @@ async def test_batched_scripts_survive_a_script_flush(async_redis: aioredis.Redi
     """A restarted Redis has no scripts: a batch loads them again and runs each call once."""
     store = Store(async_redis)
     await async_redis.rpush(keys.REMOTE, b"a", b"b")
-    first, second = await store.pop_many(keys.REMOTE, 2)
+    first, second = await taken(async_redis, keys.REMOTE, 2)
     await async_redis.script_flush()
     items = [(first, "svc", b"A"), (second, "svc", b"B")]
     assert await store.hand_over_many(keys.REMOTE, items) == [True, True]

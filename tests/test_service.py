@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from client import HandlerError, Request, Service
 from client.request import encode_result, reply_envelope
-from msgbusd import keys
-from msgbusd.envelope import Envelope, decode_payload, encode_payload
+from wire import keys
+from wire.envelope import Envelope, decode_payload, encode_payload
 
 SERVICE_TWIN = 5
 CALLER_TWIN = 9
@@ -292,3 +292,46 @@ async def test_a_service_only_takes_back_its_own_unfinished_requests(
     await service.serve(burst=True)
     assert await async_redis.llen(other) == 1
     assert await async_redis.llen(keys.REPLY) == 0
+
+
+async def test_a_handler_still_running_after_the_grace_time_is_served_again_at_the_next_start(
+    async_redis: aioredis.Redis,
+) -> None:
+    started = asyncio.Event()
+    calls: list[bytes] = []
+    service = Service(async_redis, poll_interval=0.1, grace_s=0.1)
+
+    @service.handler("stuck")
+    async def stuck(request: Request) -> bytes:
+        calls.append(request.data)
+        if len(calls) == 1:
+            started.set()
+            await asyncio.Event().wait()  # never returns: cancelled after the grace time
+        return b"served"
+
+    stopping = asyncio.Event()
+    task = asyncio.create_task(service.serve(stopping=stopping))
+    await deliver(async_redis, request_envelope("stuck", b"once more"))
+    async with asyncio.timeout(10):
+        await started.wait()
+    stopping.set()
+    async with asyncio.timeout(10):
+        await task
+    assert await async_redis.llen(keys.REPLY) == 0
+    assert await async_redis.llen(keys.service_processing(keys.command_queue("stuck"), "default")) == 1
+
+    await service.serve(burst=True)
+    assert calls == [b"once more", b"once more"]
+    assert decode_payload((await next_reply(async_redis)).dat) == b"served"
+
+
+async def test_a_burst_of_requests_is_answered_in_full_by_a_few_workers(
+    async_redis: aioredis.Redis, redis_url: str
+) -> None:
+    service = Service(redis_url, workers=4)
+    service.register("double", lambda request: request.data * 2)
+    await deliver(async_redis, *(request_envelope("double", b"%d" % i, n=i) for i in range(300)))
+    await service.serve(burst=True)
+    answers = {reply.uid: decode_payload(reply.dat) for reply in await replies(async_redis)}
+    assert answers == {f"{SERVICE_TWIN}.{i}": b"%d" % i * 2 for i in range(300)}
+    assert await async_redis.llen(keys.service_processing(keys.command_queue("double"), "default")) == 0

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from msgbusd.envelope import Envelope
 from msgbusd.signing import SignatureError, Signer, challenge, verify
+from wire.envelope import Envelope
 
 MINI_SECRET = bytes.fromhex("fac7959dbfe72f052e5a0c3c8d6530f202b02fd8f9f5ca3580ec8deb7797479e")
 SR25519_PUBLIC = bytes.fromhex("46ebddef8cd9bb167dc30878d7113b7e168e6f0646beffd77d69d39bad76b47a")

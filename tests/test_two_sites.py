@@ -15,8 +15,6 @@ import httpx
 import pytest
 import redis
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope, envelope_size_limit
 from msgbusd.identity import load_signer
 from msgbusd.signing import verify
 from testing.local_sites import LocalCluster, SiteProcess, free_port, wait_until
@@ -25,6 +23,8 @@ from tests.support.services import RawService, pop_replies, push_request
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.tls import TlsProxy, make_certificates
 from twin_resolver.base import Twin
+from wire import keys
+from wire.envelope import Envelope, envelope_size_limit
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import redis
 from redis.exceptions import RedisError
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
 from testing.local_sites import LocalCluster, wait_until
 from tests.support.services import RawService
 from tests.support.tcp_proxy import TcpProxy
+from wire import keys
+from wire.envelope import Envelope, encode_payload
 
 CMD = "fault.echo"
 RECEIVERS = (2, 3)

@@ -32,12 +32,12 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import RedisError
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
 from testing.local_sites import READY_LINE, LocalCluster, SiteProcess, wait_until
 from tests.faults.harness import CMD, Report, _record
 from tests.support.services import RawService
 from tests.support.tcp_proxy import TcpProxy
+from wire import keys
+from wire.envelope import Envelope, encode_payload
 
 SENDER = 1
 RECEIVER = 2

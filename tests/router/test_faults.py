@@ -26,13 +26,13 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from msgbusd import keys as bus_keys
-from msgbusd.envelope import Envelope
 from router import keys, store
 from router.protocol import CLOUD_REPLIES, DELIVER, EDGE_COMMANDS, EDGE_REPLIES, PUBLISH
 from testing.local_sites import wait_until
 from tests.support.router import HttpRecorder, RouterSites, endpoints_yaml, rule_yaml
 from tests.support.tcp_proxy import TcpProxy
+from wire import keys as bus_keys
+from wire.envelope import Envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

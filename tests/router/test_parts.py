@@ -10,7 +10,6 @@ import redis.asyncio as aioredis
 import typer
 
 from msgbusd.cli import parse_mqtt_url
-from msgbusd.envelope import Envelope
 from router import load_text
 from router.bus import Coalescer, Waiters
 from router.cloud import CloudRouter
@@ -22,6 +21,7 @@ from router.routes import RouteTable
 from router.validation import Catalog
 from testing.local_sites import free_port
 from twin_resolver import StaticResolver, Twin
+from wire.envelope import Envelope
 
 CATALOG = """
 apiVersion: rules.kubeedge.io/v1

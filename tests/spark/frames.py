@@ -6,8 +6,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from msgbusd import event_schema as ev
 from spark.schema import backlog_schema, event_schema
+from wire import event_schema as ev
 
 T0 = 1_795_300_000_000_000  # 2026-11-21 22:26:40 UTC, microseconds
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from msgbusd import event_schema as ev
 from spark.backlog import backlog_age_histogram, backlog_leaks
 from tests.spark.frames import T0, backlog_frame
+from wire import event_schema as ev
 
 
 def _entry(uid: str, kind: str, age_s: float | None, deadline: int | None = None) -> dict[str, object]:

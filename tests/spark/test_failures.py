@@ -5,10 +5,10 @@ from datetime import datetime
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from msgbusd import event_schema as ev
 from spark.failures import delivery_by_destination, error_cause, error_causes, unanswered_requests
 from spark.timeline import NO_OUTCOME, request_timeline
 from tests.spark.frames import T0, event, events_frame, round_trip
+from wire import event_schema as ev
 
 KEY = {ev.CMD: "calc.add", ev.SRC: 1, ev.DST: 2, ev.HOST: "h1"}
 

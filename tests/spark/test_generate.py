@@ -4,9 +4,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from msgbusd import event_schema as ev
 from spark.generate import main
 from spark.synthetic_events import MALFORMED_LINES
+from wire import event_schema as ev
 
 
 def _lines(folder: Path) -> dict[str, list[str]]:

@@ -6,7 +6,6 @@ from pathlib import Path
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from msgbusd import event_schema as ev
 from spark.ingest import (
     BACKLOG,
     DISPOSITION,
@@ -22,6 +21,7 @@ from spark.ingest import (
 )
 from spark.schema import event_schema, with_corrupt_record
 from tests.spark.frames import T0, event, round_trip
+from wire import event_schema as ev
 
 MISSING = "missing ts, site, event"
 UNKNOWN = "unknown event"

@@ -5,7 +5,6 @@ from datetime import datetime
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from msgbusd import event_schema as ev
 from spark.latency import (
     end_to_end_latency,
     end_to_end_latency_hourly,
@@ -15,6 +14,7 @@ from spark.latency import (
 )
 from spark.timeline import request_timeline
 from tests.spark.frames import T0, events_frame, round_trip
+from wire import event_schema as ev
 
 HOUR_US = 3_600_000_000
 

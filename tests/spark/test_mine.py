@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from msgbusd import event_schema as ev
 from spark import generate
 from spark.job import MineOptions, run
 from spark.mine import instant_us, main
 from spark.progress import Progress
 from spark.synthetic_events import MALFORMED_LINES
 from tests.spark.frames import T0
+from wire import event_schema as ev
 
 TABLES = {
     "latency_end_to_end",

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType
 
-from msgbusd import event_schema as ev
 from spark.schema import CORRUPT_RECORD, backlog_schema, event_schema, with_corrupt_record
+from wire import event_schema as ev
 
 
 def test_event_schema_has_every_field_in_order_with_its_type() -> None:

@@ -5,9 +5,9 @@ from datetime import datetime
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from msgbusd import event_schema as ev
 from spark.throughput import throughput_per_minute
 from tests.spark.frames import T0, events_frame, round_trip
+from wire import event_schema as ev
 
 MINUTE_US = 60_000_000
 

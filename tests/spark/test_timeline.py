@@ -3,9 +3,9 @@ from __future__ import annotations
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from msgbusd import event_schema as ev
 from spark.timeline import HOPS, NO_OUTCOME, request_timeline
 from tests.spark.frames import T0, event, events_frame, round_trip
+from wire import event_schema as ev
 
 KEY = {ev.CMD: "calc.add", ev.SRC: 1, ev.DST: 2, ev.HOST: "h1"}
 

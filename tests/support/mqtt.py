@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from msgbusd.backoff import Backoff
 from router.mqtt_bridge import MqttSettings
 from testing.local_mqtt import MosquittoProcess
+from wire.backoff import Backoff
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import redis
 
-from msgbusd import keys
-from msgbusd.envelope import Envelope, encode_payload
+from wire import keys
+from wire.envelope import Envelope, encode_payload
 
 
 class RawService(threading.Thread):

@@ -191,6 +191,9 @@ def _json_kind(value: Any) -> str:
     return "null"
 
 
+# The largest payload a site takes (go-rmb's limit), for the daemon, the router and the gateway alike.
+DEFAULT_MAX_MESSAGE_BYTES = 12 * 1024 * 1024
+
 # Room for an envelope's fields other than ``dat`` (uid, cmd, ret, sig, the router's headers, ...).
 ENVELOPE_FIELDS_SLACK = 64 * 1024
 

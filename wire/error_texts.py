@@ -1,0 +1,59 @@
+"""The RMB ``err`` texts and HTTP error bodies, byte-identical to go-rmb's: clients match on them."""
+
+from __future__ import annotations
+
+import json
+
+# Validation reasons (go-rmb texts).
+VERSION_MISMATCH = "protocol version mismatch"
+MISSING_COMMAND = "missing command request"
+MISSING_DESTINATION = "missing twin destination"
+MISSING_RETURN_QUEUE = "return queue not defined"
+RESERVED_COMMAND = "invalid command: msgbus.system.* lists belong to the daemon"
+
+
+def invalid_message_text(reason: str) -> str:
+    return f"received invalid message: {reason}"
+
+
+def all_retries_done_text(cause: str) -> str:
+    return f"all retries done: {cause}"
+
+
+def expired_text(exp_s: int) -> str:
+    return f"request timeout (expiration reached, {exp_s})"
+
+
+def too_large_text(max_bytes: int) -> str:
+    """What a site answers (413) to a message over its size limit."""
+    return f"message too large: this site takes at most {max_bytes} bytes"
+
+
+def http_error_body(message: str) -> bytes:
+    """The body go-rmb answers errors with (capitalised keys)."""
+    return json.dumps({"Status": "error", "Message": message}).encode()
+
+
+def go_duration(seconds: float) -> str:
+    """Format a duration the way Go's ``time.Duration.String`` does, e.g. ``1m5.25s`` or ``2h0m0s``."""
+    if seconds == 0:
+        return "0s"
+    sign = "-" if seconds < 0 else ""
+    total_ns = round(abs(seconds) * 1e9)
+    if total_ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if total_ns >= size:
+                return sign + _trim(total_ns / size) + unit
+    hours, rest = divmod(total_ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    secs = _trim(rest / 1e9)
+    if hours:
+        return f"{sign}{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{sign}{minutes}m{secs}s"
+    return f"{sign}{secs}s"
+
+
+def _trim(value: float) -> str:
+    text = f"{value:.9f}".rstrip("0").rstrip(".")
+    return text or "0"
