@@ -26,14 +26,16 @@ async def test_items_are_taken_oldest_first_and_put_back_in_order(
     async_redis: aioredis.Redis, oldest: End
 ) -> None:
     source = ReliableList(async_redis, QUEUE, PROCESSING, oldest=oldest)
-    await push_oldest_first(async_redis, oldest, b"a", b"b", b"c", b"d")
-    assert await source.take(2, 0.1) == [b"a", b"b"]
-    assert await source.take_now(1) == [b"c"]
-    assert await async_redis.llen(PROCESSING) == 3
-    assert await source.take_back() == 3
+    await push_oldest_first(async_redis, oldest, b"a", b"b", b"c", b"d", b"e")
+    assert await source.take(1, 0.1) == [b"a"]
+    assert await source.take(2, 0.1) == [b"b", b"c"]
+    assert await source.take_now(1) == [b"d"]
+    assert await async_redis.llen(PROCESSING) == 4
+    assert await source.take_back() == 4
     assert await async_redis.llen(PROCESSING) == 0
-    assert await source.take_now(10) == [b"a", b"b", b"c", b"d"]
+    assert await source.take_now(10) == [b"a", b"b", b"c", b"d", b"e"]
     assert await source.take_now(10) == []
+    assert await source.take_now(1) == []
 
 
 async def test_take_waits_for_the_first_item_and_returns_nothing_when_none_comes(

@@ -63,9 +63,14 @@ class ReliableList:
     async def take(self, count: int, block_s: float) -> list[bytes]:
         """Move up to ``count`` items, oldest first, into the processing list in one round trip: waits up to
         ``block_s`` for the first, then takes what else is there."""
+        # redis-py types the timeout as int, but Redis takes (and sends) fractional seconds.
+        timeout = cast(int, block_s)
+        if count == 1:
+            return _listed(
+                await self.redis.blmove(self.queue, self.processing, timeout, self._oldest, self._newest)
+            )
         async with self.redis.pipeline(transaction=False) as pipe:
-            # redis-py types the timeout as int, but Redis takes (and sends) fractional seconds.
-            pipe.blmove(self.queue, self.processing, cast(int, block_s), self._oldest, self._newest)
+            pipe.blmove(self.queue, self.processing, timeout, self._oldest, self._newest)
             pipe.evalsha(
                 self._move_many.sha, 2, self.queue, self.processing, count - 1, self._oldest, self._newest
             )
@@ -80,6 +85,8 @@ class ReliableList:
 
     async def take_now(self, count: int) -> list[bytes]:
         """Move up to ``count`` items into the processing list without waiting."""
+        if count == 1:
+            return _listed(await self.redis.lmove(self.queue, self.processing, self._oldest, self._newest))
         moved = await self._move_many(
             keys=[self.queue, self.processing], args=[count, self._oldest, self._newest]
         )
@@ -102,6 +109,10 @@ class ReliableList:
             for raw in raws:
                 self.ack_on(pipe, raw)
             await pipe.execute()
+
+
+def _listed(item: bytes | str | None) -> list[bytes]:
+    return [] if item is None else [cast(bytes, item)]
 
 
 async def consume_in_order(
