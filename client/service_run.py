@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from wire import keys
-from wire.backoff import Backoff, sleep_unless
+from wire.backoff import REDIS_RECONNECT, sleep_unless
 from wire.envelope import Envelope
 from wire.reliable_list import ReliableList
 
@@ -26,7 +26,6 @@ log = logging.getLogger("client.service")
 
 # Requests taken in one round trip at most.
 TAKE_BATCH = 256
-REDIS_RETRY = Backoff(base_s=0.1, max_s=5.0)
 # Attempts to queue the last replies once stopping, before leaving them for the next start.
 FLUSH_TRIES_WHEN_STOPPING = 4
 
@@ -100,7 +99,7 @@ class ServiceRun:
         if self._burst:
             raise exc
         log.warning("cannot %s (%s); trying again", doing, exc)
-        await sleep_unless(self._stopping, REDIS_RETRY.delay_s(failures))
+        await sleep_unless(self._stopping, REDIS_RECONNECT.delay_s(failures))
 
     async def _wake_takers_on_stop(self) -> None:
         await self._stopping.wait()
@@ -175,7 +174,7 @@ class ServiceRun:
                     log.error("%d reply(ies) left unsent; handled again at the next start", len(batch))
                     return
                 log.warning("cannot queue replies (%s); trying again", exc)
-                await asyncio.sleep(REDIS_RETRY.delay_s(failures))
+                await asyncio.sleep(REDIS_RECONNECT.delay_s(failures))
                 self._done_event.set()
                 continue
             async with self._room:
