@@ -7,7 +7,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from operator import or_
 from typing import Final
@@ -144,6 +144,10 @@ class Loaded:
     set_aside: dict[str, int]  # disposition -> lines (malformed reasons and OUTSIDE_WINDOW)
     duplicates: int  # exact copies of kept lines, dropped
     unmatched: list[str]  # local patterns that matched no file
+    # The kept lines' earliest and latest time (microseconds), and the sites that wrote them.
+    first_us: int | None = None
+    last_us: int | None = None
+    sites: list[int] = field(default_factory=list)
 
     @property
     def malformed(self) -> dict[str, int]:
@@ -169,13 +173,20 @@ def load(
     partitioned = classified.repartition(*source.partition_by)
     cached = deduplicated(partitioned).persist(StorageLevel.MEMORY_AND_DISK)
     counts = cached.groupBy(DISPOSITION).agg(
-        F.sum(COPIES).alias("lines"), F.count(F.lit(1)).alias("distinct")
+        F.sum(COPIES).alias("lines"),
+        F.count(F.lit(1)).alias("distinct"),
+        F.min(source.time_column).alias("first"),
+        F.max(source.time_column).alias("last"),
+        F.collect_set(ev.SITE).alias("sites"),
     )
     set_aside: dict[str, int] = {}
     valid_lines = kept = 0
+    first_us = last_us = None
+    sites: list[int] = []
     for row in counts.collect():
         if row[DISPOSITION] is None:
             valid_lines, kept = int(row["lines"]), int(row["distinct"])
+            first_us, last_us, sites = row["first"], row["last"], sorted(row["sites"])
         else:
             set_aside[row[DISPOSITION]] = int(row["lines"])
     return Loaded(
@@ -185,4 +196,7 @@ def load(
         set_aside=set_aside,
         duplicates=valid_lines - kept,
         unmatched=unmatched,
+        first_us=first_us,
+        last_us=last_us,
+        sites=sites,
     )

@@ -6,7 +6,6 @@ milliseconds; exact for groups of a few values.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import reduce
 from typing import Final
 
 from pyspark.sql import Column, DataFrame
@@ -62,23 +61,29 @@ def end_to_end_latency_hourly(requests: DataFrame) -> DataFrame:
     return latency_stats(with_hour(requests), "end_to_end_us", ("hour", ev.SRC, ev.DST, ev.CMD))
 
 
-def hop_latency(requests: DataFrame, keys: Sequence[str] = (ev.SRC, ev.DST, ev.CMD)) -> DataFrame:
+def hop_latency(
+    requests: DataFrame, keys: Sequence[str] = (ev.SRC, ev.DST, ev.CMD), *, with_end_to_end: bool = False
+) -> DataFrame:
     """Per (``keys``, hop): the hop's percentiles, and ``cross_host``: requests whose reply path was not
-    measured because its two ends ran on different hosts (different clocks).
+    measured because its two ends ran on different hosts (different clocks). ``with_end_to_end`` adds
+    ``end_to_end`` as one more "hop". One pass over ``requests``.
     """
     both_reply_ends = F.col("reply_taken_ts").isNotNull() & F.col("reply_received_ts").isNotNull()
-    per_hop = [
-        requests.select(
-            *keys,
-            F.lit(hop.removesuffix("_us")).alias("hop"),
-            F.col(hop).alias("value_us"),
-            (both_reply_ends & ~F.col("same_host") if hop == "reply_path_us" else F.lit(False)).alias(
-                "_cross"
-            ),
+    cross_host = both_reply_ends & ~F.col("same_host")
+    measures = [(hop.removesuffix("_us"), hop) for hop in HOPS]
+    if with_end_to_end:
+        measures.insert(0, ("end_to_end", "end_to_end_us"))
+    entries = F.array(
+        *(
+            F.struct(
+                F.lit(name).alias("hop"),
+                F.col(column).alias("value_us"),
+                (cross_host if column == "reply_path_us" else F.lit(False)).alias("_cross"),
+            )
+            for name, column in measures
         )
-        for hop in HOPS
-    ]
-    long = reduce(DataFrame.unionByName, per_hop)
+    )
+    long = requests.select(*keys, F.explode(entries).alias("_m")).select(*keys, "_m.*")
     grouped = long.groupBy(*keys, "hop").agg(
         *_stats(F.col("value_us")), F.count(F.when(F.col("_cross"), True)).alias("cross_host")
     )

@@ -52,7 +52,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--until", type=instant_us, default=None, help="keep events before this ISO 8601 time")
     p.add_argument("--driver-memory", default="8g", help="driver JVM heap when not under spark-submit")
     p.add_argument(
-        "--shuffle-partitions", type=int, default=None, help="default: 4 per core for local masters"
+        "--shuffle-partitions",
+        type=int,
+        default=None,
+        help="default: one per core, more for inputs over 64 MB per core",
     )
     return p
 
@@ -71,11 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress()
     started = time.monotonic()
     with progress.stage("start Spark") as stage:
-        spark = build_session(args.master, args.driver_memory, args.shuffle_partitions)
+        spark = build_session(args.master, args.driver_memory)
         stage.detail = f"master {spark.sparkContext.master}, {spark.sparkContext.defaultParallelism} cores"
     try:
         options = MineOptions(
-            events=args.events, backlog=args.backlog, out=args.out, since_us=args.since, until_us=args.until
+            events=args.events,
+            backlog=args.backlog,
+            out=args.out,
+            since_us=args.since,
+            until_us=args.until,
+            shuffle_partitions=args.shuffle_partitions,
         )
         data = run(spark, options, progress)
     finally:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
 from spark.ingest import is_uri
 
@@ -14,11 +15,13 @@ def table_path(out: str, name: str) -> str:
     return f"{out.rstrip('/')}/{name}"
 
 
-def write_table(frame: DataFrame, out: str, name: str, single_file: bool = False) -> str:
-    """Write ``frame`` as Parquet, replacing an earlier run's table; small tables as a single file."""
-    path = table_path(out, name)
-    (frame.coalesce(1) if single_file else frame).write.mode("overwrite").parquet(path)
-    return path
+def write_table(frame: DataFrame, out: str, name: str, single_file: bool = False) -> int:
+    """Write ``frame`` as Parquet, replacing an earlier run's table; small tables as a single file. Returns
+    the rows written, counted by the write itself."""
+    written = Observation(f"rows of {name}")
+    observed = frame.observe(written, F.count(F.lit(1)).alias("rows"))
+    (observed.coalesce(1) if single_file else observed).write.mode("overwrite").parquet(table_path(out, name))
+    return int(written.get["rows"])
 
 
 def write_text(spark: SparkSession, out: str, name: str, text: str) -> str:

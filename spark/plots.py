@@ -77,19 +77,21 @@ def error_causes(rows: Sequence[Row]) -> str:
     return _png(figure)
 
 
-def throughput(rows: Sequence[Row]) -> str:
-    """Requests accepted and outcomes per minute, all sites together (``minute, accepted, delivered,
-    failed, expired`` rows).
+def throughput(rows: Sequence[Row], period_s: int = 60) -> str:
+    """Requests accepted and outcomes per period of ``period_s``, all sites together (``period, accepted,
+    delivered, failed, expired`` rows).
     """
-    figure, (axes,) = _figure("Throughput per minute")
+    minutes = period_s // 60
+    per = "per minute" if minutes == 1 else f"per {minutes} minutes"
+    figure, (axes,) = _figure(f"Throughput {per}")
     if not rows:
         _no_data(axes)
         return _png(figure)
-    ordered = sorted(rows, key=lambda row: row["minute"])
-    minutes = [row["minute"] for row in ordered]
+    ordered = sorted(rows, key=lambda row: row["period"])
+    periods = [row["period"] for row in ordered]
     for name in ("accepted", "delivered", "failed", "expired"):
-        axes.plot(minutes, [int(row[name]) for row in ordered], label=name)
-    axes.set_ylabel("per minute")
+        axes.plot(periods, [int(row[name]) for row in ordered], label=name)
+    axes.set_ylabel(per)
     axes.legend(fontsize="small", ncol=4)
     figure.autofmt_xdate()
     return _png(figure)

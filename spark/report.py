@@ -12,6 +12,7 @@ from spark import plots
 
 Row = dict[str, Any]
 LATENCY_COLUMNS: Final = ("samples", "p50_ms", "p90_ms", "p99_ms", "max_ms")
+HOP_P99_COLUMNS: Final = ("sender_queue_p99_ms", "send_p99_ms", "remote_p99_ms", "reply_path_p99_ms")
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,15 @@ class ReportData:
     end_to_end: Row | None = None  # samples, p50_ms, ... over all requests
     hops: list[Row] = field(default_factory=list)  # hop, samples, p50_ms, ..., cross_host
     slowest: list[Row] = field(default_factory=list)
+    # The slowest (src, dst, cmd) by p99 end to end, with each hop's p99; command_count: how many there are.
+    by_command: list[Row] = field(default_factory=list)
+    command_count: int = 0
     errors: list[Row] = field(default_factory=list)
     delivery: list[Row] = field(default_factory=list)
     latency_by_hour: list[Row] = field(default_factory=list)  # hour, dst, samples, p50_ms, p99_ms
     error_totals: list[Row] = field(default_factory=list)  # cause, events
-    throughput: list[Row] = field(default_factory=list)  # minute, accepted, delivered, failed, expired
+    throughput: list[Row] = field(default_factory=list)  # period, accepted, delivered, failed, expired
+    throughput_period_s: int = 60
     backlog_ages: list[Row] = field(default_factory=list)  # bucket, age_range, kind, entries
     leak_count: int = 0
     leaks: list[Row] = field(default_factory=list)
@@ -107,7 +112,13 @@ def _input_lines(name: str, counts: InputCounts | None) -> list[str]:
 
 def _sections(data: ReportData) -> list[tuple[str, Sequence[Row], Sequence[str]]]:
     keys = ("src", "dst", "cmd")
+    shown = len(data.by_command)
+    commands = (
+        f"Latency by command, slowest p99 first ({shown:,} of {data.command_count:,}; all of them are in the "
+        "latency_end_to_end and latency_hops tables)"
+    )
     return [
+        (commands, data.by_command, (*keys, *LATENCY_COLUMNS, *HOP_P99_COLUMNS)),
         ("Latency per hop (all requests)", data.hops, ("hop", *LATENCY_COLUMNS, "cross_host")),
         ("Slowest destinations (end to end)", data.slowest, ("rank", "dst", *LATENCY_COLUMNS)),
         (
@@ -175,7 +186,7 @@ def report_html(data: ReportData) -> str:
     charts = [
         ("Latency over time", plots.latency_over_time(data.latency_by_hour)),
         ("Error causes", plots.error_causes(data.error_totals)),
-        ("Throughput", plots.throughput(data.throughput)),
+        ("Throughput", plots.throughput(data.throughput, data.throughput_period_s)),
         ("Backlog ages", plots.backlog_ages(data.backlog_ages)),
     ]
     overview = "".join(f"<li>{html.escape(line.lstrip('- '))}</li>" for line in _overview(data))

@@ -66,8 +66,15 @@ def test_job_writes_every_table_and_the_report(spark: SparkSession, logs: Path, 
     assert data.outcomes["requests"] == accepted and data.outcomes["delivered"] == delivered
     assert data.tables["requests"] == len({(row[ev.SRC], row[ev.UID]) for row in events if ev.UID in row})
     assert data.tables["backlog_leaks"] == data.leak_count > 0
+    summary = (out / "summary.md").read_text()
     malformed = data.events.malformed_total
-    assert malformed > 0 and f"{malformed:,} malformed" in (out / "summary.md").read_text()
+    assert malformed > 0 and f"{malformed:,} malformed" in summary
+    assert data.command_count == data.tables["latency_end_to_end"] > 0
+    p99s = [row["p99_ms"] for row in data.by_command]
+    assert p99s == sorted(p99s, reverse=True)
+    slowest = data.by_command[0]
+    assert slowest["remote_p99_ms"] is not None
+    assert f"| {slowest['src']} | {slowest['dst']} | {slowest['cmd']} |" in summary
     lines = terminal.getvalue()
     assert "read events: " in lines and f"{malformed:,} malformed" in lines and "table requests: " in lines
     hops = spark.read.parquet(str(out / "latency_hops"))

@@ -23,9 +23,26 @@ def _data() -> ReportData:
         slowest=[
             {"rank": 1, "dst": 2, "samples": 12, "p50_ms": 5.4, "p90_ms": 6.0, "p99_ms": 7.25, "max_ms": 7.5}
         ],
+        by_command=[
+            {
+                "src": 1,
+                "dst": 2,
+                "cmd": "calc.add",
+                "samples": 12,
+                "p50_ms": 5.4,
+                "p90_ms": 6.0,
+                "p99_ms": 7.25,
+                "max_ms": 7.5,
+                "sender_queue_p99_ms": 0.5,
+                "send_p99_ms": 1.5,
+                "remote_p99_ms": 4.25,
+                "reply_path_p99_ms": None,
+            }
+        ],
+        command_count=3,
         latency_by_hour=[{"hour": hour, "dst": 2, "samples": 12, "p50_ms": 5.4, "p99_ms": 7.25}],
         error_totals=[{"cause": "connection refused", "events": 3}],
-        throughput=[{"minute": hour, "accepted": 14, "delivered": 12, "failed": 1, "expired": 1}],
+        throughput=[{"period": hour, "accepted": 14, "delivered": 12, "failed": 1, "expired": 1}],
         backlog_ages=[{"bucket": 0, "age_range": "<1s", "kind": "request", "entries": 5}],
         leak_count=2,
         tables={"requests": 14},
@@ -56,6 +73,15 @@ def test_summary_has_the_counts() -> None:
     assert "p99 7.250 ms" in summary
     assert "- backlog entries older than their deadline: 2" in summary
     assert "- `requests`: 14 rows" in summary
+
+
+def test_latency_is_broken_down_by_command_with_each_hop() -> None:
+    summary = summary_markdown(_data())
+    assert "## Latency by command, slowest p99 first (1 of 3;" in summary
+    header = "| src | dst | cmd | samples | p50_ms | p90_ms | p99_ms | max_ms | sender_queue_p99_ms |"
+    assert header in summary
+    assert "| 1 | 2 | calc.add | 12 | 5.400 | 6.000 | 7.250 | 7.500 | 0.500 | 1.500 | 4.250 | – |" in summary
+    assert "<td>calc.add</td>" in report_html(_data())
 
 
 def test_html_is_self_contained_with_four_png_charts() -> None:

@@ -1,0 +1,65 @@
+"""The job on a real Spark standalone cluster (a master and a worker started from the installed PySpark)
+writes the same tables and summary as a local[*] run on the same input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from spark import generate
+from testing.local_sites import wait_until
+from testing.spark_cluster import StandaloneCluster
+from tests.spark.test_mine import TABLES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def mine(logs: Path, out: Path, master: str, env: dict[str, str] | None = None) -> str:
+    """``python -m spark.mine`` on ``logs``; returns what it printed."""
+    command = [sys.executable, "-m", "spark.mine", "--events", str(logs / "events")]
+    command += [
+        "--backlog",
+        str(logs / "backlog"),
+        "--out",
+        str(out),
+        "--master",
+        master,
+        "--driver-memory",
+        "1g",
+    ]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-5000:]
+    return done.stderr
+
+
+@pytest.mark.slow
+def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSession, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    argv = ["--events", "4000", "--sites", "3", "--hosts", "2", "--hours", "2", "--out", str(logs)]
+    assert (
+        generate.main([*argv, "--backlog-entries", "200", "--malformed-rate", "0.005", "--workers", "1"]) == 0
+    )
+    local = tmp_path / "local"
+    mine(logs, local, "local[*]")
+
+    clustered = tmp_path / "cluster"
+    with StandaloneCluster(cores=2, memory="2g") as cluster:
+        terminal = mine(logs, clustered, cluster.url, cluster.client_env())
+        assert f"start Spark: master {cluster.url}, 2 cores" in terminal
+        wait_until(
+            lambda: [app["name"] for app in cluster.completed_apps()] == ["msgbus-mine"],
+            what="the master to list the job as completed",
+        )
+        assert cluster.completed_apps()[0]["state"] == "FINISHED"
+
+    for table in sorted(TABLES):
+        expected = spark.read.parquet(str(local / table))
+        assertDataFrameEqual(spark.read.parquet(str(clustered / table)), expected)
+    summary = (clustered / "summary.md").read_text().replace(str(clustered), "OUT")
+    assert summary == (local / "summary.md").read_text().replace(str(local), "OUT")
+    assert "## Latency by command" in summary
