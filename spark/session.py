@@ -4,12 +4,14 @@ partitions are chosen for the input when the job starts (:mod:`spark.partitionin
 from __future__ import annotations
 
 import os
+import time
 from typing import Final
 
 from pyspark.sql import SparkSession
 
 APP_NAME: Final = "msgbus-mine"
 DEFAULT_DRIVER_MEMORY: Final = "8g"
+EXECUTOR_WAIT_S: Final = 60.0
 
 
 def under_spark_submit() -> bool:
@@ -42,4 +44,21 @@ def build_session(master: str | None, driver_memory: str = DEFAULT_DRIVER_MEMORY
     )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    wait_for_an_executor(spark)
     return spark
+
+
+def wait_for_an_executor(spark: SparkSession, timeout_s: float = EXECUTOR_WAIT_S) -> bool:
+    """On a cluster, executors register a moment after the session starts, and until one has, Spark
+    counts 2 cores (``defaultParallelism``), which the shuffle partitions are sized from. Wait for the
+    first (the first job would wait for it anyway); False if none came within ``timeout_s``."""
+    context = spark.sparkContext
+    if (context.master or "").startswith("local"):
+        return True
+    deadline = time.monotonic() + timeout_s
+    # The driver is listed as an executor too.
+    while len(context.statusTracker().getExecutorInfos()) < 2:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

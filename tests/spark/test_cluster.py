@@ -48,9 +48,12 @@ def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSessi
     mine(logs, local, "local[*]")
 
     clustered = tmp_path / "cluster"
-    with StandaloneCluster(cores=2, memory="2g") as cluster:
+    # One core more than this machine has: the job must see the worker's cores, not Spark's 2 of before an
+    # executor registered, and the tables must not depend on the partitioning.
+    with StandaloneCluster(cores=3, memory="2g") as cluster:
         terminal = mine(logs, clustered, cluster.url, cluster.client_env())
-        assert f"start Spark: master {cluster.url}, 2 cores" in terminal
+        assert f"start Spark: master {cluster.url}, 3 cores" in terminal
+        assert "plan: 3 shuffle partitions" in terminal
         wait_until(
             lambda: [app["name"] for app in cluster.completed_apps()] == ["msgbus-mine"],
             what="the master to list the job as completed",
