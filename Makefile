@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := wire msgbusd client twin_resolver spark bench testing router
 
-.PHONY: setup system-packages venv lint format test test-fast faults bench demo mine-demo clean
+.PHONY: setup system-packages venv tools lint format test test-fast faults bench demo mine-demo clean
 
-setup: system-packages venv
+setup: system-packages venv tools
 
 system-packages:
 	@sh scripts/ensure-system-packages.sh
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@touch $(STAMP)
+
+# promtool, for the tests of the alert rules (monitoring/).
+tools: venv
+	@sh scripts/ensure-promtool.sh $(BIN)
 
 lint: venv
 	$(BIN)/ruff check $(PACKAGES) tests

@@ -147,6 +147,7 @@ class Daemon:
     async def _refresh_metrics(self) -> None:
         site = self.site
         site.metrics.set_queue_lengths(await site.store.depths())
+        site.metrics.set_overdue(await site.store.overdue(site.clock()))
         site.metrics.set_inflight(len(site.inflight))
         site.metrics.set_peers_down(site.peers.down_count())
         site.metrics.set_links_open(site.links.open_count() if site.links is not None else 0)

@@ -116,6 +116,11 @@ class Metrics:
             registry=reg,
         )
         self.inflight = Gauge("msgbus_inflight", "Items being handled right now.", registry=reg)
+        self.overdue = Gauge(
+            "msgbus_requests_overdue",
+            "Requests past their deadline with no outcome yet (the expiry timer answers them within a tick).",
+            registry=reg,
+        )
         self.peers_down = Gauge(
             "msgbus_peers_down", "Peers whose site does not answer (probed until it does).", registry=reg
         )
@@ -164,6 +169,10 @@ class Metrics:
         """Set ``msgbus_queue_length`` for each queue (a Redis key name) in ``lengths``."""
         for queue, length in lengths.items():
             self.queue_length.labels(queue=queue).set(length)
+
+    def set_overdue(self, count: int) -> None:
+        """Set the number of requests past their deadline that have no outcome yet."""
+        self.overdue.set(count)
 
     def set_inflight(self, count: int) -> None:
         """Set the number of items being handled."""

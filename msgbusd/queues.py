@@ -287,6 +287,10 @@ class Store(SendQueues):
         names = [*keys.SYSTEM_QUEUES, keys.BACKLOG, keys.DEAD_LETTER]
         return {name: int(count) for name, count in zip(names, counts, strict=True)}
 
+    async def overdue(self, now: float) -> int:
+        """Requests whose deadline is at or before ``now`` and that have no outcome yet."""
+        return int(await self.redis.zcount(keys.DEADLINES, "-inf", now))
+
     async def read_list(self, key: str) -> list[bytes]:
         return cast(list[bytes], await self.redis.lrange(key, 0, -1))
 

@@ -22,6 +22,7 @@ PROCESS_MODULES = {
     "test_fuzz_door.py",
     "test_gateway.py",
     "test_links.py",
+    "test_monitoring_site.py",
     "test_redis_auth_tls.py",
     "test_twin_sources_sites.py",
     "test_two_sites.py",

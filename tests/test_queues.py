@@ -184,3 +184,15 @@ async def test_failures_are_counted_only_for_requests_without_an_outcome(async_r
     assert await store.record_failure("2.1") == 2
     # 2.9 has its outcome (no backlog entry): nothing is left behind for it.
     assert await async_redis.hgetall(keys.ATTEMPTS) == {b"2.1": b"2"}
+
+
+async def test_requests_past_their_deadline_are_counted_until_they_have_an_outcome(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    await async_redis.rpush(keys.LOCAL, b"req")
+    (raw,) = await taken(async_redis, keys.LOCAL, 1)
+    ((uid,),) = await store.accept_requests([AcceptedRequest(raw, b"original", 123.0, [2])])
+    assert (await store.overdue(122.9), await store.overdue(123.0)) == (0, 1)
+    assert await store.finish(uid, "ret", b"reply")
+    assert await store.overdue(200.0) == 0
