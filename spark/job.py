@@ -91,8 +91,12 @@ def run(spark: SparkSession, options: MineOptions, progress: Progress) -> Report
     with progress.stage("plan") as stage:
         if options.shuffle_partitions is not None:
             spark.conf.set(SHUFFLE_PARTITIONS, str(options.shuffle_partitions))
-        paths = resolve_paths([*options.events, *options.backlog])[0]
-        stage.detail = f"{choose_shuffle_partitions(spark, paths)} shuffle partitions"
+            partitions = options.shuffle_partitions
+        else:
+            partitions = choose_shuffle_partitions(
+                spark, resolve_paths([*options.events, *options.backlog])[0]
+            )
+        stage.detail = f"{partitions} shuffle partitions"
     loaded_events = _read_input(spark, progress, options.events, options, EVENTS)
     loaded_backlog = (
         _read_input(spark, progress, options.backlog, options, BACKLOG) if options.backlog else None

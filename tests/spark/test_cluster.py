@@ -19,19 +19,11 @@ from tests.spark.test_mine import TABLES
 REPO = Path(__file__).resolve().parents[2]
 
 
-def mine(logs: Path, out: Path, master: str, env: dict[str, str] | None = None) -> str:
-    """``python -m spark.mine`` on ``logs``; returns what it printed."""
+def mine(logs: Path, out: Path, master: str, env: dict[str, str] | None = None, *more: str) -> str:
+    """``python -m spark.mine`` on ``logs`` (``more``: further options); returns what it printed."""
     command = [sys.executable, "-m", "spark.mine", "--events", str(logs / "events")]
-    command += [
-        "--backlog",
-        str(logs / "backlog"),
-        "--out",
-        str(out),
-        "--master",
-        master,
-        "--driver-memory",
-        "1g",
-    ]
+    command += ["--backlog", str(logs / "backlog"), "--out", str(out), "--master", master]
+    command += ["--driver-memory", "1g", *more]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
     return done.stderr
@@ -45,7 +37,7 @@ def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSessi
         generate.main([*argv, "--backlog-entries", "200", "--malformed-rate", "0.005", "--workers", "1"]) == 0
     )
     local = tmp_path / "local"
-    mine(logs, local, "local[*]")
+    assert "plan: 3 shuffle partitions" in mine(logs, local, "local[*]", None, "--shuffle-partitions", "3")
 
     clustered = tmp_path / "cluster"
     # One core more than this machine has: the job must see the worker's cores, not Spark's 2 of before an
