@@ -103,9 +103,6 @@ class StandaloneCluster:
     def completed_apps(self) -> list[dict[str, Any]]:
         return list(self.state().get("completedapps", []))
 
-    def log(self, role: str) -> str:
-        return (self.workdir / f"{role}.log").read_text(errors="replace")
-
     def stop(self) -> None:
         for process in reversed(self._processes):
             process.terminate()
