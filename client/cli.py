@@ -1,13 +1,16 @@
-"""The ``msgbus`` command: send requests, wait for replies, serve a command with a program, show an identity.
+"""The ``msgbus`` command: send requests, wait for replies, serve a command with a program, show an identity,
+show a site's status.
 
 Exit status: 0 success; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis (or the twin source)
-unreachable or an undecodable reply; 4 a missing optional dependency.
+unreachable or an undecodable reply; 4 a missing optional dependency. ``msgbus status`` has its own: 0
+healthy, 1 degraded, 2 unreachable.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -16,6 +19,7 @@ from enum import StrEnum
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -34,6 +38,7 @@ from client.protocol import DEFAULT_REDIS_URL, DEFAULT_RETRIES
 from client.replies import CallTimeout, Reply
 from client.serve_exec import exec_handler
 from client.service import Service
+from client.status import DEFAULT_SITE_URL, DEFAULT_TIMEOUT_S
 from client.sync import Client
 
 app = typer.Typer(
@@ -307,6 +312,59 @@ def gateway(
         fail(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+@app.command()
+def status(
+    redis_url: RedisOption = DEFAULT_REDIS_URL,
+    site_url: Annotated[
+        str,
+        typer.Option(
+            "--site",
+            metavar="URL",
+            envvar="MSGBUS_SITE",
+            help="The site's daemon, on this machine (its /status answers loopback clients only).",
+        ),
+    ] = DEFAULT_SITE_URL,
+    watch: Annotated[
+        float | None,
+        typer.Option("--watch", min=0.1, metavar="SECONDS", help="Show it again every SECONDS until Ctrl-C."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object (one per line with --watch).")
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", min=0.1, metavar="SECONDS", help="Time Redis and the daemon have to answer."
+        ),
+    ] = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Show the site's health: its twin and version, Redis and its memory, queue depths, the backlog,
+    overdue requests, dead letters, each peer's state and queue, and the last minute's traffic.
+
+    Exit status: 0 healthy; 1 degraded (a peer down, overdue requests, recent dead letters, a problem the
+    daemon reports); 2 unreachable (Redis or the daemon does not answer) or bad usage.
+    """
+    from client.status import open_redis
+    from client.status_command import show_status
+
+    try:
+        open_redis(redis_url, timeout).close()
+    except ValueError as exc:
+        fail(f"invalid Redis URL {redact(redis_url)!r}: {exc}", EXIT_USAGE)
+    if urlsplit(site_url).scheme not in ("http", "https"):
+        fail(f"--site: {site_url!r} is not an http:// or https:// URL", EXIT_USAGE)
+    code = show_status(
+        redis_url,
+        site_url,
+        as_json=as_json,
+        watch_s=watch,
+        timeout_s=timeout,
+        out=sys.stdout,
+        environ=os.environ,
+    )
+    raise typer.Exit(code)
 
 
 backlog_app = typer.Typer(

@@ -40,6 +40,7 @@ from msgbusd.send_items import SendItems
 from msgbusd.serving import QuietServer, server
 from msgbusd.settings import Settings
 from msgbusd.signing import Signer
+from msgbusd.status import STATUS_TIMEOUT_S, StatusEndpoint, StatusReport
 from twin_resolver.base import Resolver
 from twin_resolver.cache import CachedResolver
 from wire import keys
@@ -55,6 +56,8 @@ PROBE_TIMEOUT_S = 5.0
 PEER_CONNECTIONS = 8
 # Items taken from a queue in one go at most.
 POP_BATCH = 64
+# The health check's ping of Redis: an answer is due well within the callers' own timeouts.
+REDIS_PING_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -141,6 +144,7 @@ class Daemon:
         self.ready = asyncio.Event()
         # When each loop last went round; /healthz reports a loop that stopped turning.
         self._heartbeats: dict[str, float] = {}
+        self._started_at = time.time()
         # More work of this site (its companions), run until the daemon stops.
         self.companions: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
 
@@ -153,9 +157,19 @@ class Daemon:
         site.metrics.set_links_open(site.links.open_count() if site.links is not None else 0)
 
     async def _health(self) -> dict[str, object]:
+        return {
+            "problems": await self._problems(),
+            "twin": self.site.twin,
+            "inflight": len(self.site.inflight),
+        }
+
+    async def _problems(self) -> list[str]:
         problems: list[str] = []
         try:
-            await self.site.redis.ping()
+            async with asyncio.timeout(REDIS_PING_TIMEOUT_S):
+                await self.site.redis.ping()
+        except TimeoutError:
+            problems.append(f"redis unreachable: no answer within {REDIS_PING_TIMEOUT_S:g}s")
         except (RedisError, OSError) as exc:
             problems.append(f"redis unreachable: {exc}")
         now = time.monotonic()
@@ -163,7 +177,19 @@ class Daemon:
         for loop, beat in sorted(self._heartbeats.items()):
             if now - beat > stale_s:
                 problems.append(f"loop {loop} has not run for {now - beat:.0f}s")
-        return {"problems": problems, "twin": self.site.twin, "inflight": len(self.site.inflight)}
+        return problems
+
+    def _status_report(self) -> StatusReport:
+        site = self.site
+        return StatusReport(
+            twin=site.twin,
+            peers=site.peers,
+            links=site.links,
+            inflight=lambda: len(site.inflight),
+            traffic=site.metrics.recent,
+            problems=self._problems,
+            started_at=self._started_at,
+        )
 
     def _beat(self, loop: str) -> None:
         self._heartbeats[loop] = time.monotonic()
@@ -189,6 +215,7 @@ class Daemon:
                 [
                     Route("/metrics", loopback_only(metrics_endpoint(site.metrics, self._refresh_metrics))),
                     Route("/healthz", loopback_only(healthz_endpoint(self._health))),
+                    Route("/status", loopback_only(StatusEndpoint(self._status_report(), STATUS_TIMEOUT_S))),
                 ],
                 site.links,
             ),

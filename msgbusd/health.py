@@ -13,8 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from wire.backoff import Backoff
+
+# up: answering; down: did not answer, probed until it does; probing: not known yet (the daemon just started
+# with messages for it), probed before anything is sent.
+PeerState = Literal["up", "down", "probing"]
 
 
 @dataclass
@@ -25,6 +30,17 @@ class _Down:
     next_probe: float = 0.0
     # False while the peer is only not known yet (the daemon just started).
     seen: bool = True
+
+
+@dataclass(frozen=True)
+class HealthState:
+    """A peer's state as an operator sees it."""
+
+    state: PeerState
+    down_for_s: float = 0.0
+    cause: str = ""
+    probes: int = 0
+    next_probe_in_s: float = 0.0
 
 
 def probe_backoff(probe_s: float) -> Backoff:
@@ -48,6 +64,19 @@ class PeerHealth:
     def cause(self) -> str:
         """Why the peer is down ("" when it is up)."""
         return self._down.cause if self._down else ""
+
+    def state(self) -> HealthState:
+        peer = self._down
+        if peer is None:
+            return HealthState("up")
+        now = self._clock()
+        return HealthState(
+            "down" if peer.seen else "probing",
+            down_for_s=now - peer.since,
+            cause=peer.cause,
+            probes=peer.probes,
+            next_probe_in_s=max(0.0, peer.next_probe - now),
+        )
 
     def seconds_until_probe(self) -> float:
         peer = self._down

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from msgbusd.recent_traffic import RecentTraffic
 from twin_resolver.cache import CacheStats
 
 log = logging.getLogger("msgbusd.metrics")
@@ -63,6 +64,9 @@ ErrorCause = Literal[
 SendPath = Literal["remote", "reply", "link"]
 
 MESSAGE_EVENTS: tuple[MessageEvent, ...] = get_args(MessageEvent)
+# The events that count messages crossing to another site, for the last minute's rates ("received" counts
+# every message from another site, requests and replies).
+_OUTGOING: frozenset[MessageEvent] = frozenset({"sent", "reply_sent"})
 ERROR_CAUSES: tuple[ErrorCause, ...] = get_args(ErrorCause)
 SEND_PATHS: tuple[SendPath, ...] = get_args(SendPath)
 
@@ -84,11 +88,13 @@ class Metrics:
     """The metrics of one daemon, in a registry of their own.
 
     A scrape may first await a ``refresh`` that sets the gauges (:meth:`scrape`), typically with
-    :meth:`set_queue_lengths`, :meth:`set_inflight` and :meth:`set_peers_down`.
+    :meth:`set_queue_lengths`, :meth:`set_inflight` and :meth:`set_peers_down`. :attr:`recent` keeps the
+    last minute of traffic and round trips for ``/status``.
     """
 
     def __init__(self, *, refresh_timeout_s: float = REFRESH_TIMEOUT_S) -> None:
         self.registry = CollectorRegistry()
+        self.recent = RecentTraffic()
         self.refresh_timeout_s = refresh_timeout_s
         reg = self.registry
         self.messages = Counter(
@@ -143,6 +149,10 @@ class Metrics:
     def message(self, event: MessageEvent, count: int = 1) -> None:
         """Count ``count`` messages that went through ``event``."""
         self.messages.labels(event=_checked(event, MESSAGE_EVENTS)).inc(count)
+        if event in _OUTGOING:
+            self.recent.sent.add(count)
+        elif event == "received":
+            self.recent.received.add(count)
 
     def error(self, cause: ErrorCause) -> None:
         """Count one failure of kind ``cause``."""
@@ -164,6 +174,7 @@ class Metrics:
     def observe_round_trip(self, seconds: float) -> None:
         """Record the time from accepting a local request to delivering its reply to the caller."""
         self.round_trip_seconds.observe(seconds)
+        self.recent.round_trips.add(seconds)
 
     def set_queue_lengths(self, lengths: Mapping[str, int]) -> None:
         """Set ``msgbus_queue_length`` for each queue (a Redis key name) in ``lengths``."""

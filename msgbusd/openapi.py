@@ -56,6 +56,48 @@ DOOR_ERRORS = {
     ),
 }
 ACCEPTED = _json({"type": "object", "properties": {"status": {"const": "accepted"}}}, "accepted: queued once")
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+STATUS_PEER = {
+    "type": "object",
+    "properties": {
+        "twin": {"type": "integer"},
+        "state": {"enum": ["up", "down", "probing"], "description": "probing: not known yet, probed first"},
+        "down_since": {**_NUMBER_OR_NULL, "description": "unix time, null when up"},
+        "cause": {"type": "string", "description": "why it is down"},
+        "probes": {"type": "integer", "description": "failed probes since it went down"},
+        "next_probe_in_s": _NUMBER_OR_NULL,
+        "last_sent_at": {**_NUMBER_OR_NULL, "description": "unix time it last took a message"},
+        "last_error": {"type": "string"},
+        "last_error_at": _NUMBER_OR_NULL,
+    },
+}
+STATUS = {
+    "type": "object",
+    "properties": {
+        "twin": {"type": "integer"},
+        "version": {"type": "string"},
+        "started_at": {"type": "number", "description": "unix time"},
+        "uptime_s": {"type": "number"},
+        "problems": {"type": "array", "items": {"type": "string"}, "description": "what /healthz reports"},
+        "inflight": {"type": "integer"},
+        "links_open": {"type": "integer"},
+        "peers": {"type": "array", "items": STATUS_PEER},
+        "traffic": {
+            "type": "object",
+            "description": "the last minute (or since the start): messages to and from other sites per "
+            "second, and local requests' round trips (acceptance to delivery of the reply)",
+            "properties": {
+                "window_s": {"type": "number"},
+                "sent_per_s": {"type": "number"},
+                "received_per_s": {"type": "number"},
+                "round_trips": {"type": "integer"},
+                "round_trips_per_s": {"type": "number"},
+                "round_trip_p50_s": _NUMBER_OR_NULL,
+                "round_trip_p99_s": _NUMBER_OR_NULL,
+            },
+        },
+    },
+}
 LOCAL_ONLY = {"403": _error("only served to clients on this machine")}
 
 
@@ -195,6 +237,17 @@ def document() -> dict[str, Any]:
                     "responses": {
                         "200": _json({"type": "object"}, "healthy"),
                         "503": _json({"type": "object"}, "unhealthy, with the problems"),
+                        **LOCAL_ONLY,
+                    },
+                }
+            },
+            "/status": {
+                "get": {
+                    "summary": "What msgbus status needs from the daemon: version, uptime, problems, each "
+                    "peer's state and last error, the last minute's traffic (this machine only)",
+                    "responses": {
+                        "200": _json(STATUS, "the report"),
+                        "503": _json({"type": "object"}, "the report timed out, with the problems"),
                         **LOCAL_ONLY,
                     },
                 }

@@ -36,10 +36,11 @@ from redis.exceptions import RedisError
 
 from msgbusd.errors import DeliveryError
 from msgbusd.event_log import EventLog
-from msgbusd.health import PeerHealth, probe_backoff
+from msgbusd.health import HealthState, PeerHealth, probe_backoff
 from msgbusd.links import Links, send_envelopes
 from msgbusd.logs import about
 from msgbusd.metrics import Metrics
+from msgbusd.peer_activity import PeerActivityLog, PeerReport
 from msgbusd.posts import PostClient
 from msgbusd.queues import Store
 from msgbusd.schedule import Schedule
@@ -54,6 +55,9 @@ log = logging.getLogger("msgbusd.peers")
 BATCH = 64
 # A sender with nothing to send stops after this long (a new one starts when something comes).
 IDLE_STOP_S = 30.0
+
+# A peer that is not followed any more was up when it was last.
+UP = HealthState("up")
 
 SpawnTask = Callable[[Coroutine[Any, Any, None], str], None]
 
@@ -187,9 +191,9 @@ class Peer:
         """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue), and
         the keys of the replies the peer took (to forget)."""
         results = await self._send(items)
-        replies = self._peers.count_sent(
-            [it for it, error in zip(items, results, strict=True) if error is None]
-        )
+        taken = [it for it, error in zip(items, results, strict=True) if error is None]
+        replies = self._peers.count_sent(taken)
+        self._note(results, any_taken=bool(taken))
         for index, (item, error) in enumerate(zip(items, results, strict=True)):
             if error is None:
                 continue
@@ -232,6 +236,14 @@ class Peer:
             peers.record_attempt(item, error, started_at, duration_us)
         return results
 
+    def _note(self, results: list[DeliveryError | None], *, any_taken: bool) -> None:
+        activity = self._peers.activity
+        if any_taken:
+            activity.sent(self.twin)
+        failures = [error for error in results if error is not None]
+        if failures:
+            activity.failed(self.twin, failures[-1].cause)
+
     async def _transmit(
         self, signed: Sequence[tuple[str, bytes]], *, replies_only: bool
     ) -> list[DeliveryError | None]:
@@ -262,6 +274,8 @@ class Peer:
         async with self._peers.probe_turns:
             error = await self._peers.posts.probe(self.twin)
             self._peers.metrics.message("probed")
+        if error is not None:
+            self._peers.activity.failed(self.twin, error.cause)
         if error is not None and error.retry_after_s is not None:
             # Up, but its Redis is away: no attempt failed, nothing gives up.
             self.health.busy(error.retry_after_s)
@@ -336,6 +350,7 @@ class Peers:
         self.clock = clock
         self.metrics = metrics or Metrics()
         self._events = events or EventLog(None, 0)
+        self.activity = PeerActivityLog(clock=clock)
         self._signer = signer
         self._spawn = spawn
         # Peers with a sender, and peers that are down (their state outlives their sender).
@@ -344,6 +359,17 @@ class Peers:
     def down_count(self) -> int:
         """How many peers are down."""
         return sum(1 for peer in self._peers.values() if peer.health.is_down)
+
+    def report(self, active_within_s: float) -> list[PeerReport]:
+        """Every peer that is down, has a sender, or was sent to or failed within ``active_within_s``."""
+        now = self.clock()
+        activity = self.activity.active_since(now - active_within_s)
+        reports = []
+        for twin in sorted(self._peers.keys() | activity.keys()):
+            peer = self._peers.get(twin)
+            health = peer.health.state() if peer is not None else UP
+            reports.append(PeerReport.of(twin, health, activity.get(twin), now))
+        return reports
 
     def kick_all(self, ready: Mapping[int, Sequence[SendItem] | None]) -> None:
         """:meth:`kick` each destination of ``ready``."""

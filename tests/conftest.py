@@ -24,6 +24,7 @@ PROCESS_MODULES = {
     "test_links.py",
     "test_monitoring_site.py",
     "test_redis_auth_tls.py",
+    "test_status_sites.py",
     "test_twin_sources_sites.py",
     "test_two_sites.py",
     "router/test_e2e.py",
