@@ -217,7 +217,7 @@ def _dead_letter(raw: bytes) -> DeadLetter:
         item = json.loads(raw)
         at = item.get("at")
         return DeadLetter(
-            at=float(at) if isinstance(at, int | float) else None,
+            at=round(float(at), 3) if isinstance(at, int | float) else None,
             queue=str(item.get("queue", "")),
             reason=str(item.get("reason", "")),
         )
