@@ -66,6 +66,7 @@ class PeerHealth:
         return self._down.cause if self._down else ""
 
     def state(self) -> HealthState:
+        """Up, down or probing, and for a peer that is not up: for how long, why, and the next probe."""
         peer = self._down
         if peer is None:
             return HealthState("up")

@@ -56,7 +56,7 @@ BATCH = 64
 # A sender with nothing to send stops after this long (a new one starts when something comes).
 IDLE_STOP_S = 30.0
 
-# A peer that is not followed any more was up when it was last.
+# Peers forgets a peer once it is up and idle: one it no longer holds is up.
 UP = HealthState("up")
 
 SpawnTask = Callable[[Coroutine[Any, Any, None], str], None]
