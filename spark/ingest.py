@@ -25,6 +25,10 @@ DISPOSITION: Final = "_disposition"
 NOT_JSON: Final = "not valid JSON for the schema"
 OUTSIDE_WINDOW: Final = "outside --since/--until"
 COPIES: Final = "_copies"
+# How the parsed lines and the requests are kept. PySpark's MEMORY_AND_DISK is the serialized level: a block
+# read back from disk is then copied whole into one buffer on the heap, which ran a 1 GiB executor (Spark's
+# default) out of memory at 10M events and cost its cached blocks; the deserialized level reads it in steps.
+PERSISTED: Final = StorageLevel.MEMORY_AND_DISK_DESER
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,7 @@ def load(
     raw = read_json_lines(spark, paths, source.schema)
     classified = mark_outside_window(classify_lines(raw, source), source.time_column, since_us, until_us)
     partitioned = classified.repartition(*source.partition_by)
-    cached = deduplicated(partitioned).persist(StorageLevel.MEMORY_AND_DISK)
+    cached = deduplicated(partitioned).persist(PERSISTED)
     counts = cached.groupBy(DISPOSITION).agg(
         F.sum(COPIES).alias("lines"),
         F.count(F.lit(1)).alias("distinct"),

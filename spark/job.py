@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark import backlog, failures, latency, throughput, timeline
-from spark.ingest import BACKLOG, EVENTS, OUTSIDE_WINDOW, Loaded, Source, load, resolve_paths
+from spark.ingest import BACKLOG, EVENTS, OUTSIDE_WINDOW, PERSISTED, Loaded, Source, load, resolve_paths
 from spark.outputs import table_path, write_table, write_text
 from spark.partitioning import SHUFFLE_PARTITIONS, choose_shuffle_partitions
 from spark.progress import Progress
@@ -105,7 +104,7 @@ def run(spark: SparkSession, options: MineOptions, progress: Progress) -> Report
     snapshot = loaded_backlog.rows if loaded_backlog else spark.createDataFrame([], BACKLOG.schema)
 
     with progress.stage("requests") as stage:
-        requests = timeline.request_timeline(events).persist(StorageLevel.MEMORY_AND_DISK)
+        requests = timeline.request_timeline(events).persist(PERSISTED)
         stage.detail = f"{requests.count():,} requests"
 
     out = options.out

@@ -67,14 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         print("msgbus-mine: --since must be before --until", file=sys.stderr)
         return 2
 
+    from spark.ingest import resolve_paths
     from spark.job import MineOptions, run
+    from spark.partitioning import local_input_bytes
     from spark.progress import Progress
     from spark.session import build_session
 
     progress = Progress()
     started = time.monotonic()
     with progress.stage("start Spark") as stage:
-        spark = build_session(args.master, args.driver_memory)
+        size = local_input_bytes(resolve_paths([*args.events, *args.backlog])[0])
+        spark = build_session(args.master, args.driver_memory, size)
         stage.detail = f"master {spark.sparkContext.master}, {spark.sparkContext.defaultParallelism} cores"
     try:
         options = MineOptions(

@@ -32,15 +32,13 @@ def shuffle_partitions(cores: int, input_bytes: int | None) -> int:
 def input_bytes(spark: SparkSession, paths: Sequence[str]) -> int | None:
     """The total size of ``paths`` (files or directories; local, or any URI Hadoop reads), or None if it
     cannot be told."""
-    total = 0
-    for path in paths:
-        size = _local_size(path) if "://" not in path or path.startswith("file://") else None
-        if size is None:
-            size = _hadoop_size(spark, path)
-        if size is None:
-            return None
-        total += size
-    return total
+    return _total_size(paths, spark)
+
+
+def local_input_bytes(paths: Sequence[str]) -> int | None:
+    """The total size of ``paths`` when they are all local files or directories (before Spark starts), else
+    None."""
+    return _total_size(paths, None)
 
 
 def choose_shuffle_partitions(spark: SparkSession, paths: Sequence[str]) -> int:
@@ -50,6 +48,18 @@ def choose_shuffle_partitions(spark: SparkSession, paths: Sequence[str]) -> int:
         chosen = shuffle_partitions(spark.sparkContext.defaultParallelism, input_bytes(spark, paths))
         spark.conf.set(SHUFFLE_PARTITIONS, str(chosen))
     return int(spark.conf.get(SHUFFLE_PARTITIONS) or 0)
+
+
+def _total_size(paths: Sequence[str], spark: SparkSession | None) -> int | None:
+    total = 0
+    for path in paths:
+        size = _local_size(path) if "://" not in path or path.startswith("file://") else None
+        if size is None and spark is not None:
+            size = _hadoop_size(spark, path)
+        if size is None:
+            return None
+        total += size
+    return total
 
 
 def _local_size(path: str) -> int | None:

@@ -1,5 +1,6 @@
-"""The SparkSession the job runs in, tuned for local runs and left alone under spark-submit. The shuffle
-partitions are chosen for the input when the job starts (:mod:`spark.partitioning`)."""
+"""The SparkSession the job runs in, tuned for the master and the input's size, and left alone under
+spark-submit. The shuffle partitions are chosen for the input when the job starts (:mod:`spark.partitioning`),
+the JVMs' compilers when the session starts (:mod:`spark.jit`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 from typing import Final
 
 from pyspark.sql import SparkSession
+
+from spark.jit import is_local, java_options
 
 APP_NAME: Final = "msgbus-mine"
 DEFAULT_DRIVER_MEMORY: Final = "8g"
@@ -19,17 +22,21 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def build_session(master: str | None, driver_memory: str = DEFAULT_DRIVER_MEMORY) -> SparkSession:
-    """A session for the job. Without spark-submit the driver JVM is started here, so its memory can be set;
-    ``master`` defaults to ``local[*]`` then. Under spark-submit its flags decide (``--driver-memory``).
+def build_session(
+    master: str | None, driver_memory: str = DEFAULT_DRIVER_MEMORY, input_bytes: int | None = None
+) -> SparkSession:
+    """A session for the job over ``input_bytes`` of input (None: not known). Without spark-submit the driver
+    JVM is started here, so its memory and compilers can be set; ``master`` defaults to ``local[*]`` then.
+    Under spark-submit its flags decide (``--driver-memory``, ``--conf``).
     """
     builder = SparkSession.builder.appName(APP_NAME)
     if master is not None:
         builder = builder.master(master)
     if not under_spark_submit():
-        if master is None:
-            builder = builder.master("local[*]")
-        builder = builder.config("spark.driver.memory", driver_memory)
+        master = master or "local[*]"
+        builder = builder.master(master).config("spark.driver.memory", driver_memory)
+        for key, value in java_options(master, input_bytes).items():
+            builder = builder.config(key, value)
     builder = (
         builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
@@ -53,7 +60,7 @@ def wait_for_an_executor(spark: SparkSession, timeout_s: float = EXECUTOR_WAIT_S
     counts 2 cores (``defaultParallelism``), which the shuffle partitions are sized from. Wait for the
     first (the first job would wait for it anyway); False if none came within ``timeout_s``."""
     context = spark.sparkContext
-    if (context.master or "").startswith("local"):
+    if is_local(context.master or "local"):
         return True
     deadline = time.monotonic() + timeout_s
     # The driver is listed as an executor too.

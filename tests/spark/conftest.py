@@ -1,4 +1,5 @@
-"""One local SparkSession for the whole Spark test run: 2 cores, 2 shuffle partitions, no UI."""
+"""One local SparkSession for the whole Spark test run: 2 cores, 2 shuffle partitions, no UI, and C1 alone
+(tiny frames, as the job compiles for a small input: spark.jit)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
+
+from spark.jit import C1_ONLY, DRIVER_OPTIONS
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +22,7 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
+        .config(DRIVER_OPTIONS, C1_ONLY)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from spark import generate
+from spark.jit import C1_ONLY
 from testing.local_sites import wait_until
 from testing.spark_cluster import StandaloneCluster
 from tests.spark.test_mine import TABLES
@@ -51,6 +52,11 @@ def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSessi
             what="the master to list the job as completed",
         )
         assert cluster.completed_apps()[0]["state"] == "FINISHED"
+        # A small input: the executor the worker started compiled with C1 alone (spark.jit).
+        commands = [log.read_text().splitlines()[0] for log in cluster.workdir.glob("work/app-*/*/stderr")]
+        assert commands and all(
+            line.startswith("Spark Executor Command:") and f'"{C1_ONLY}"' in line for line in commands
+        )
 
     for table in sorted(TABLES):
         expected = spark.read.parquet(str(local / table))

@@ -8,6 +8,7 @@ from spark.partitioning import (
     TARGET_PARTITION_BYTES,
     choose_shuffle_partitions,
     input_bytes,
+    local_input_bytes,
     shuffle_partitions,
 )
 
@@ -32,6 +33,18 @@ def test_the_input_size_is_read_from_files_directories_and_uris(spark: SparkSess
     # Globs in URIs are Hadoop's to expand.
     assert input_bytes(spark, [f"file:{folder}/*.jsonl"]) == 150
     assert input_bytes(spark, [str(tmp_path / "missing")]) == 0
+
+
+def test_the_size_of_local_inputs_is_known_before_spark_starts(tmp_path: Path) -> None:
+    folder = tmp_path / "events"
+    folder.mkdir()
+    (folder / "a.jsonl").write_bytes(b"x" * 100)
+    (tmp_path / "backlog.jsonl").write_bytes(b"x" * 7)
+    assert local_input_bytes([str(folder), f"file://{tmp_path / 'backlog.jsonl'}"]) == 107
+    assert local_input_bytes([]) == 0
+    # A URI needs Spark's file systems, and a path that is gone has no size.
+    assert local_input_bytes([str(folder), "hdfs://namenode/msgbus/events"]) is None
+    assert local_input_bytes([str(tmp_path / "missing")]) is None
 
 
 def test_a_configured_number_is_kept(spark: SparkSession, tmp_path: Path) -> None:
