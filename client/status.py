@@ -21,6 +21,7 @@ from redis.retry import Retry
 
 from client.cli_common import redact
 from wire import keys
+from wire.site_status import Traffic
 
 DEFAULT_SITE_URL = "http://127.0.0.1:8051"
 DEFAULT_TIMEOUT_S = 2.0
@@ -74,17 +75,6 @@ class RedisView:
     dead_letters: int
     newest_dead_letters: tuple[DeadLetter, ...]
     send_queues: dict[int, int]
-
-
-@dataclass(frozen=True)
-class Traffic:
-    window_s: float
-    sent_per_s: float
-    received_per_s: float
-    round_trips: int
-    round_trips_per_s: float
-    round_trip_p50_s: float | None
-    round_trip_p99_s: float | None
 
 
 @dataclass(frozen=True)
@@ -291,15 +281,7 @@ def parse_report(report: dict[str, Any]) -> DaemonView:
             )
             for peer in report["peers"]
         ),
-        traffic=Traffic(
-            window_s=float(traffic["window_s"]),
-            sent_per_s=float(traffic["sent_per_s"]),
-            received_per_s=float(traffic["received_per_s"]),
-            round_trips=int(traffic["round_trips"]),
-            round_trips_per_s=float(traffic["round_trips_per_s"]),
-            round_trip_p50_s=_optional_float(traffic.get("round_trip_p50_s")),
-            round_trip_p99_s=_optional_float(traffic.get("round_trip_p99_s")),
-        ),
+        traffic=Traffic.from_json(traffic),
     )
 
 

@@ -11,7 +11,8 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+
+from wire.site_status import Traffic
 
 WINDOW_S = 60
 # Round trips kept for the percentiles: beyond this many a minute, they are those of the newest.
@@ -84,20 +85,6 @@ class LatencyWindow:
         return [values[max(0, math.ceil(rank / 100 * len(values)) - 1)] for rank in ranks]
 
 
-@dataclass(frozen=True)
-class TrafficSnapshot:
-    window_s: float
-    sent_per_s: float
-    received_per_s: float
-    round_trips: int
-    round_trips_per_s: float
-    round_trip_p50_s: float | None
-    round_trip_p99_s: float | None
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
-
-
 class RecentTraffic:
     """What went through a site in the last minute: messages sent to other sites (requests and replies),
     messages received from them, and the round trips of local requests (acceptance to delivery)."""
@@ -107,10 +94,10 @@ class RecentTraffic:
         self.received = RateWindow(window_s, clock=clock)
         self.round_trips = LatencyWindow(window_s, clock=clock)
 
-    def snapshot(self) -> TrafficSnapshot:
+    def snapshot(self) -> Traffic:
         p50, p99 = self.round_trips.percentiles(50, 99)
         count = self.round_trips.count
-        return TrafficSnapshot(
+        return Traffic(
             window_s=round(count.covered_s(), 3),
             sent_per_s=round(self.sent.per_second(), 3),
             received_per_s=round(self.received.per_second(), 3),

@@ -15,13 +15,13 @@ from client.status import (
     QueueDepth,
     RedisView,
     SiteStatus,
-    Traffic,
     merge_peers,
     parse_report,
 )
 from client.status_check import DEGRADED, HEALTHY, UNREACHABLE, assess, format_duration
 from client.status_render import render_json, render_table, wants_colour
 from wire import keys
+from wire.site_status import Traffic
 
 NOW = 1_800_000_000.0
 TRAFFIC = Traffic(60.0, 4.5, 4.0, 120, 2.0, 0.0031, 0.0098)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from msgbusd.health import PeerHealth, probe_backoff
 from msgbusd.metrics import Metrics
 from msgbusd.peer_activity import PeerActivityLog, PeerReport
 from msgbusd.recent_traffic import LatencyWindow, RateWindow, RecentTraffic
+from wire.site_status import Traffic
 
 
 class Clock:
@@ -102,6 +105,20 @@ def test_an_empty_minute_has_no_percentiles() -> None:
     snapshot = RecentTraffic().snapshot()
     assert (snapshot.round_trips, snapshot.round_trip_p50_s, snapshot.round_trip_p99_s) == (0, None, None)
     assert snapshot.sent_per_s == 0.0
+
+
+def test_the_traffic_reads_back_as_the_daemon_wrote_it_and_nothing_else() -> None:
+    clock = Clock(100.0)
+    traffic = RecentTraffic(clock=clock)
+    traffic.sent.add(3)
+    traffic.round_trips.add(0.004)
+    clock.now += 2
+    snapshot = traffic.snapshot()
+    assert Traffic.from_json(json.loads(json.dumps(snapshot.to_json()))) == snapshot
+    with pytest.raises(TypeError):
+        Traffic.from_json({**snapshot.to_json(), "round_trips": True})
+    with pytest.raises(KeyError):
+        Traffic.from_json({"window_s": 60.0})
 
 
 def test_a_peers_state_says_since_when_it_is_down_why_and_when_it_is_probed_next() -> None:
