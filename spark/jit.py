@@ -9,7 +9,7 @@ one of the machine's two cores, for code that had little left to run by the time
 - a JVM that goes through the rows (the driver of a local run, an executor) does too when the whole input is
   small, under SMALL_INPUT_BYTES, and keeps C2 otherwise.
 
-Figures, 2 cores: 200,000 events (29 MB) 24.5 s with C2 against 19.8 s with C1 alone; 1,000,000 events
+Local runs, 2 cores: 200,000 events (29 MB) 24.5 s with C2 against 19.8 s with C1 alone; 1,000,000 events
 (144 MB) 34.2 s against 34.1 s; 10,000,000 events (1.4 GB) 105 s against 187 s.
 
 The options go in ``spark.{driver,executor}.defaultJavaOptions``, which Spark puts before the
