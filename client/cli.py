@@ -38,7 +38,8 @@ from client.protocol import DEFAULT_REDIS_URL, DEFAULT_RETRIES
 from client.replies import CallTimeout, Reply
 from client.serve_exec import exec_handler
 from client.service import Service
-from client.status import DEFAULT_SITE_URL, DEFAULT_TIMEOUT_S
+from client.status import DEFAULT_SITE_URL, DEFAULT_TIMEOUT_S, open_redis
+from client.status_command import show_status
 from client.sync import Client
 
 app = typer.Typer(
@@ -346,9 +347,6 @@ def status(
     Exit status: 0 healthy; 1 degraded (a peer down, overdue requests, recent dead letters, a problem the
     daemon reports); 2 unreachable (Redis or the daemon does not answer) or bad usage.
     """
-    from client.status import open_redis
-    from client.status_command import show_status
-
     try:
         open_redis(redis_url, timeout).close()
     except ValueError as exc:

@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from client.cli_common import redact
 from wire import keys
-from wire.site_status import Traffic
+from wire.site_status import Traffic, optional_number
 
 DEFAULT_SITE_URL = "http://127.0.0.1:8051"
 DEFAULT_TIMEOUT_S = 2.0
@@ -67,6 +67,7 @@ class RedisView:
     used_memory: int
     used_memory_human: str
     maxmemory: int
+    maxmemory_human: str
     queues: tuple[QueueDepth, ...]
     backlog: int
     replies: int
@@ -186,6 +187,7 @@ def read_redis(redis_url: str, now: float, timeout_s: float = DEFAULT_TIMEOUT_S)
         used_memory=int(memory.get("used_memory", 0)),
         used_memory_human=str(memory.get("used_memory_human", "")),
         maxmemory=int(memory.get("maxmemory", 0)),
+        maxmemory_human=str(memory.get("maxmemory_human", "")),
         queues=tuple(
             QueueDepth(queue, int(depths[2 * index]), int(depths[2 * index + 1]))
             for index, queue in enumerate(keys.SYSTEM_QUEUES)
@@ -271,26 +273,18 @@ def parse_report(report: dict[str, Any]) -> DaemonView:
                 twin=int(peer["twin"]),
                 state=str(peer["state"]),
                 queue=None,
-                down_since=_optional_float(peer.get("down_since")),
+                down_since=optional_number(peer.get("down_since")),
                 cause=str(peer.get("cause", "")),
                 probes=int(peer.get("probes", 0)),
-                next_probe_in_s=_optional_float(peer.get("next_probe_in_s")),
-                last_sent_at=_optional_float(peer.get("last_sent_at")),
+                next_probe_in_s=optional_number(peer.get("next_probe_in_s")),
+                last_sent_at=optional_number(peer.get("last_sent_at")),
                 last_error=str(peer.get("last_error", "")),
-                last_error_at=_optional_float(peer.get("last_error_at")),
+                last_error_at=optional_number(peer.get("last_error_at")),
             )
             for peer in report["peers"]
         ),
         traffic=Traffic.from_json(traffic),
     )
-
-
-def _optional_float(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    raise TypeError(f"not a number: {value!r}")
 
 
 def merge_peers(daemon: DaemonView | None, redis: RedisView | None) -> tuple[PeerView, ...]:

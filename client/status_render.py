@@ -114,7 +114,7 @@ def _daemon_summary(status: SiteStatus, daemon: DaemonView | None, paint: Paint)
 def _redis_summary(status: SiteStatus, redis: RedisView | None, paint: Paint) -> str:
     if redis is None:
         return paint(f"DOES NOT ANSWER: {status.redis_error}", RED)
-    limit = f"maxmemory {_bytes(redis.maxmemory)}" if redis.maxmemory else "no maxmemory"
+    limit = f"maxmemory {redis.maxmemory_human}" if redis.maxmemory else "no maxmemory"
     return f"{paint('answering', GREEN)}; {redis.used_memory_human} used, {limit}"
 
 
@@ -207,14 +207,3 @@ def _since(at: float, now: float) -> str:
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
-
-
-def _bytes(count: int) -> str:
-    if count < 1024:
-        return f"{count}B"
-    size = float(count)
-    for unit in ("K", "M", "G", "T"):
-        size /= 1024
-        if size < 1024 or unit == "T":
-            break
-    return f"{size:.2f}{unit}"

@@ -33,6 +33,7 @@ def redis_view(**changes: object) -> RedisView:
         used_memory=1_500_000,
         used_memory_human="1.43M",
         maxmemory=0,
+        maxmemory_human="0B",
         queues=tuple(QueueDepth(queue, 0, 0) for queue in keys.SYSTEM_QUEUES),
         backlog=2,
         replies=0,

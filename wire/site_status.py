@@ -1,5 +1,5 @@
 """The part of a daemon's ``GET /status`` report that both the daemon and ``msgbus status`` build from one
-shape: the last minute's traffic."""
+shape, the last minute's traffic, and the checks of the numbers ``msgbus status`` reads from the report."""
 
 from __future__ import annotations
 
@@ -27,21 +27,23 @@ class Traffic:
     def from_json(cls, report: Mapping[str, object]) -> Traffic:
         """The traffic of a report; KeyError or TypeError for a report of another shape."""
         return cls(
-            window_s=_number(report["window_s"]),
-            sent_per_s=_number(report["sent_per_s"]),
-            received_per_s=_number(report["received_per_s"]),
-            round_trips=int(_number(report["round_trips"])),
-            round_trips_per_s=_number(report["round_trips_per_s"]),
-            round_trip_p50_s=_optional_number(report.get("round_trip_p50_s")),
-            round_trip_p99_s=_optional_number(report.get("round_trip_p99_s")),
+            window_s=number(report["window_s"]),
+            sent_per_s=number(report["sent_per_s"]),
+            received_per_s=number(report["received_per_s"]),
+            round_trips=int(number(report["round_trips"])),
+            round_trips_per_s=number(report["round_trips_per_s"]),
+            round_trip_p50_s=optional_number(report.get("round_trip_p50_s")),
+            round_trip_p99_s=optional_number(report.get("round_trip_p99_s")),
         )
 
 
-def _number(value: object) -> float:
+def number(value: object) -> float:
+    """``value`` if it is a JSON number (not a boolean); TypeError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"not a number: {value!r}")
     return float(value)
 
 
-def _optional_number(value: object) -> float | None:
-    return None if value is None else _number(value)
+def optional_number(value: object) -> float | None:
+    """:func:`number`, or None for a JSON null."""
+    return None if value is None else number(value)
