@@ -30,7 +30,9 @@ def mine(logs: Path, out: Path, master: str, env: dict[str, str] | None = None, 
     return done.stderr
 
 
+# Two jobs and a cluster of three JVMs: on a loaded 2-core machine this takes over two minutes.
 @pytest.mark.slow
+@pytest.mark.timeout(360)
 def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSession, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     argv = ["--events", "4000", "--sites", "3", "--hosts", "2", "--hours", "2", "--out", str(logs)]

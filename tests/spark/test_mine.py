@@ -110,6 +110,7 @@ def test_an_empty_window_is_refused_before_spark_starts(capsys: pytest.CaptureFi
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_spark_submit_runs_the_job(logs: Path, tmp_path: Path) -> None:
     spark_submit = str(Path(sys.executable).parent / "spark-submit")
     args = [
@@ -125,7 +126,7 @@ def test_spark_submit_runs_the_job(logs: Path, tmp_path: Path) -> None:
     # spark-submit passes the driver's stderr on through its stdout.
     env = os.environ | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     done = subprocess.run(
-        [spark_submit, "spark/mine.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [spark_submit, "spark/mine.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
     )
     terminal = done.stdout + done.stderr
     assert done.returncode == 0, terminal
