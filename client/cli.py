@@ -164,7 +164,7 @@ def identity(
 ) -> None:
     """Print the public key (hex) and SS58 address of a site identity (and its twin, with --substrate)."""
     try:
-        from msgbusd import identity as ident
+        from msgbusd.identity import keys as ident
         from twin_resolver.accounts import ss58_encode
     except ImportError as exc:
         fail(f"identity needs the daemon extra (pip install 'msgbus[daemon]'): {exc}", EXIT_MISSING_DEP)
@@ -282,9 +282,9 @@ def gateway(
     Start-up problems (no twin source, an unreadable twin map, a port in use) exit with status 2.
     """
     try:
-        from msgbusd.cli import LOG_LEVELS, parse_listen
-        from msgbusd.gateway import GatewaySettings, GatewayStartupError, run_gateway
-        from msgbusd.logs import configure_logging
+        from msgbusd.gateway.runner import GatewaySettings, GatewayStartupError, run_gateway
+        from msgbusd.reports.logs import configure_logging
+        from msgbusd.site.cli import LOG_LEVELS, parse_listen
     except ImportError as exc:
         fail(f"the gateway needs the daemon extra: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
     level = LOG_LEVELS.get(log_level.lower())

@@ -36,7 +36,7 @@ def run_demo(say: Callable[[str], None] = print, event_log: Path | None = None) 
     there."""
     import httpx
 
-    from msgbusd.identity import load_signer, new_mnemonic
+    from msgbusd.identity.keys import load_signer, new_mnemonic
     from testing.local_sites import LocalCluster
     from twin_resolver.base import Twin
     from wire.envelope import Envelope

@@ -1,3 +1,3 @@
-from msgbusd.cli import main
+from msgbusd.site.cli import main
 
 main()

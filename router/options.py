@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from msgbusd.cli import parse_listen, parse_mqtt_url
-from msgbusd.daemon import bind_socket
-from msgbusd.settings import Settings
+from msgbusd.site.cli import parse_listen, parse_mqtt_url
+from msgbusd.site.serving import bind_socket
+from msgbusd.site.settings import Settings
 from router.config import DEFAULT_ROUTER_LISTEN, RouterSettings
 from router.runtime import RouterRuntime
 

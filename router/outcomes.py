@@ -16,7 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from msgbusd.script_batch import ScriptBatch
+from msgbusd.store.script_batch import ScriptBatch
 from router import keys
 
 

@@ -8,8 +8,8 @@ import socket
 
 import redis.asyncio as aioredis
 
-from msgbusd.companions import SiteHandle
-from msgbusd.serving import serve_until
+from msgbusd.site.companions import SiteHandle
+from msgbusd.site.serving import serve_until
 from router.cloud import CloudRouter
 from router.config import RouterSettings
 from router.edge import EdgeRouter

@@ -30,10 +30,10 @@ import redis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from msgbusd.http_api import seen_id
-from msgbusd.identity import load_signer, new_mnemonic
-from msgbusd.send_items import destination_of
-from msgbusd.signing import SignatureError, Signer, verify
+from msgbusd.door.http_api import seen_id
+from msgbusd.identity.keys import load_signer, new_mnemonic
+from msgbusd.identity.signing import SignatureError, Signer, verify
+from msgbusd.sending.send_items import destination_of
 from testing.local_sites import LocalCluster, free_port, wait_until
 from twin_resolver.base import Twin
 from wire import keys
@@ -50,8 +50,9 @@ METHODS = ("POST", "POST", "POST", "GET", "PUT", "DELETE", "PATCH", "OPTIONS", "
 # Commands whose queue msgbus.<cmd> is one of the daemon's own keys (see the known-bug tests).
 RESERVED_CMD_PREFIXES = ("system.", "counter.")
 GARBAGE_KINDS = ("bytes", "json", "truncated-json", "replay") * 2 + ("empty",)
-# Bodies of two known bugs (tests/test_fuzz_door.py), sent only when asked for, as are their other inputs:
-# commands naming the daemon's queues or holding a lone surrogate, pxy on any envelope, lifetimes past 1e15 s.
+# Bodies of two known bugs (tests/door/test_fuzz_door.py), sent only when asked for, as are their other
+# inputs: commands naming the daemon's queues or holding a lone surrogate, pxy on any envelope, lifetimes past
+# 1e15 s.
 BUG_GARBAGE_KINDS = ("deep-json", "far-now")
 
 

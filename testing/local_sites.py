@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from msgbusd.identity import load_signer, new_mnemonic
+from msgbusd.identity.keys import load_signer, new_mnemonic
 from twin_resolver.base import Twin
 from twin_resolver.static import write_twin_file
 

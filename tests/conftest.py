@@ -14,26 +14,29 @@ TESTS = Path(__file__).parent
 # `make test-fast`) share one redis-server and start nothing else that lives on.
 PROCESS_DIRS = {"spark", "faults"}
 PROCESS_MODULES = {
-    "test_client_order.py",
-    "test_client_taken.py",
-    "test_daemon_cli.py",
-    "test_demo.py",
-    "test_event_log_sites.py",
-    "test_fuzz_door.py",
-    "test_gateway.py",
-    "test_links.py",
-    "test_monitoring_site.py",
-    "test_redis_auth_tls.py",
-    "test_status_sites.py",
-    "test_twin_sources_sites.py",
-    "test_two_sites.py",
+    "door/test_fuzz_door.py",
+    "gateway/test_gateway.py",
+    "reports/test_event_log_sites.py",
     "router/test_e2e.py",
     "router/test_faults.py",
     "router/test_mqtt_bridge.py",
+    "sending/test_links.py",
+    "site/test_daemon_cli.py",
+    "site/test_redis_auth_tls.py",
+    "site/test_two_sites.py",
+    "test_client_order.py",
+    "test_client_taken.py",
+    "test_demo.py",
+    "test_monitoring_site.py",
+    "test_status_sites.py",
+    "test_twin_sources_sites.py",
 }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    missing = sorted(module for module in PROCESS_MODULES if not (TESTS / module).is_file())
+    if missing:
+        raise pytest.UsageError(f"PROCESS_MODULES names test modules that are not there: {missing}")
     for item in items:
         where = item.path.relative_to(TESTS)
         if where.parts[0] in PROCESS_DIRS or where.as_posix() in PROCESS_MODULES:

@@ -295,7 +295,7 @@ def test_waits_outlast_a_short_socket_timeout(redis_url: str) -> None:
 def test_the_client_package_does_not_import_the_daemon_web_stack() -> None:
     code = (
         "import sys, client, client.cli\n"
-        "heavy = {'starlette', 'uvicorn', 'httpx', 'nacl', 'substrateinterface', 'msgbusd.identity'}\n"
+        "heavy = {'starlette', 'uvicorn', 'httpx', 'nacl', 'substrateinterface', 'msgbusd.identity.keys'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     result = subprocess.run(

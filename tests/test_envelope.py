@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from msgbusd.door.validation import validate
 from msgbusd.errors import InvalidMessage
-from msgbusd.validation import validate
 from wire.envelope import Envelope, EnvelopeDecodeError, decode_payload, encode_payload
 from wire.error_texts import go_duration, invalid_message_text
 

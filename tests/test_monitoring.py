@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_metrics_catalogue import exported
+from tests.reports.test_metrics_catalogue import exported
 
 MONITORING = Path(__file__).resolve().parent.parent / "monitoring"
 RULES = MONITORING / "msgbus-alerts.yml"

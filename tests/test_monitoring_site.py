@@ -9,8 +9,8 @@ import httpx
 import redis
 
 from testing.local_sites import LocalCluster
+from tests.reports.test_metrics_catalogue import documented
 from tests.support.services import RawService, pop_replies, push_request
-from tests.test_metrics_catalogue import documented
 from tests.test_monitoring import promtool_binary
 
 

@@ -15,6 +15,19 @@ PACKAGES = ("wire", "msgbusd", "client", "twin_resolver", "spark", "router", "be
 PRODUCT = ("wire", "msgbusd", "client", "twin_resolver", "spark", "router")
 # The client's commands that start or set up a daemon, and the demo, which runs two.
 CLIENT_DAEMON_COMMANDS = ("client.cli", "client.demo")
+# The rooms of msgbusd, bottom to top, and what each may import of msgbusd: only rooms below it, and
+# msgbusd.errors. Each room's __init__ says the same in its "May import from msgbusd:" line.
+ROOMS = {
+    "reports": set(),
+    "identity": set(),
+    "store": set(),
+    "sending": {"errors", "reports", "identity", "store"},
+    "door": {"errors", "reports", "identity", "store", "sending"},
+    "site": {"errors", "reports", "identity", "store", "sending", "door"},
+    "gateway": {"errors", "reports", "site"},
+}
+# Beside the rooms: the exceptions every room raises, and ``python -m msgbusd``.
+BESIDE_THE_ROOMS = {"errors": set(), "__main__": {"site"}}
 
 
 def _modules() -> dict[str, Path]:
@@ -98,7 +111,7 @@ def _cycles(edges: dict[str, set[str]]) -> set[frozenset[str]]:
 def test_the_graph_is_read_from_the_source() -> None:
     packages = _graph(1)
     assert "wire" in packages["client"] and "twin_resolver" in packages["msgbusd"]
-    assert "wire.envelope" in _graph(None)["msgbusd.handlers"]
+    assert "wire.envelope" in _graph(None)["msgbusd.door.handlers"]
 
 
 def test_neither_packages_nor_modules_import_each_other_in_a_cycle() -> None:
@@ -146,3 +159,51 @@ def test_only_the_demo_uses_the_launchers() -> None:
         module for module, targets in _graph(None).items() if any(t.startswith("testing") for t in targets)
     }
     assert {user for user in users if user.split(".")[0] in PRODUCT} == {"client.demo"}
+
+
+def _daemon_parts() -> dict[str, set[str]]:
+    """Each room of msgbusd, and each module beside them -> the rooms and modules of msgbusd it imports."""
+    return {
+        source.removeprefix("msgbusd."): {
+            target.removeprefix("msgbusd.") for target in targets if target.startswith("msgbusd.")
+        }
+        for source, targets in _graph(2).items()
+        if source.startswith("msgbusd.")
+    }
+
+
+def _not_allowed(imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    allowed = ROOMS | BESIDE_THE_ROOMS
+    return {part: targets - allowed[part] for part, targets in imports.items() if targets - allowed[part]}
+
+
+def test_every_module_of_the_daemon_is_in_a_room_or_declared_beside_them() -> None:
+    assert set(_daemon_parts()) == set(ROOMS) | set(BESIDE_THE_ROOMS)
+
+
+def test_a_room_imports_nothing_above_it() -> None:
+    order = list(ROOMS)
+    above = {
+        room: {other for other in allowed - {"errors"} if order.index(other) > order.index(room)}
+        for room, allowed in ROOMS.items()
+    }
+    assert {room: rooms for room, rooms in above.items() if rooms} == {}
+    assert _not_allowed(_daemon_parts()) == {}
+    assert "sending" in _daemon_parts()["door"] and "door" in _daemon_parts()["site"]
+
+
+def test_an_import_upward_is_found() -> None:
+    imports = _daemon_parts() | {"reports": {"sending"}, "errors": {"site"}}
+    assert _not_allowed(imports) == {"reports": {"sending"}, "errors": {"site"}}
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_each_room_says_what_it_is_for_and_what_it_may_import(room: str) -> None:
+    init = ROOT / "msgbusd" / room / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    declared = [line for line in doc.splitlines() if line.startswith("May import from msgbusd:")]
+    assert len(declared) == 1 and not doc.startswith("May import"), (
+        f"{init} has no purpose or no imports line"
+    )
+    names = declared[0].partition(":")[2].strip().rstrip(".")
+    assert (set() if names == "nothing" else set(names.split(", "))) == ROOMS[room]

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from msgbusd.identity import IdentityError, load_signer
-from msgbusd.signing import SIGNATURE_LENGTH, SignatureError, Signer, challenge, verify
+from msgbusd.identity.keys import IdentityError, load_signer
+from msgbusd.identity.signing import SIGNATURE_LENGTH, SignatureError, Signer, challenge, verify
 from wire.envelope import Envelope, EnvelopeDecodeError
 
 PHRASE = "bottom drive obey lake curtain smoke basket hold race lonely fit walk"

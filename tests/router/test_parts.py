@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 import typer
 
-from msgbusd.cli import parse_mqtt_url
+from msgbusd.site.cli import parse_mqtt_url
 from router import load_text
 from router.bus import Coalescer, Waiters
 from router.cloud import CloudRouter

@@ -1,0 +1,422 @@
+"""The site's HTTP door: ``/zbus-remote``, ``/zbus-reply``, ``/zbus-cmd`` and ``/zbus-result``.
+
+Any method and any content type are accepted, as go-rmb does. The three signed endpoints run their checks in
+the contract's order (JSON, freshness, source twin key, signature) and answer go-rmb's statuses and texts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import ipaddress
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from redis.exceptions import RedisError
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from msgbusd.door import openapi
+from msgbusd.door.rate_limit import TokenBuckets
+from msgbusd.door.validation import validate
+from msgbusd.errors import InvalidMessage, RejectedRequest
+from msgbusd.identity.signing import SignatureError, Signer, verify
+from msgbusd.reports.event_log import EventLog
+from msgbusd.reports.metrics import ErrorCause, Metrics
+from msgbusd.sending.links import LINK_PATH, Links
+from msgbusd.sending.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH
+from msgbusd.store.queues import Inbound, Store
+from twin_resolver.base import Resolver, ResolverError, TwinNotFound
+from wire import event_schema as ev
+from wire import keys
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, Envelope, EnvelopeDecodeError
+from wire.error_texts import go_duration, http_error_body, too_large_text
+
+# A request is remembered as seen for at most this long (its lifetime plus the freshness window otherwise).
+MAX_DEDUP_TTL_S = 366 * 24 * 3600
+# Default limit on a message (go-rmb has none): large enough for any RMB payload in use.
+
+log = logging.getLogger("msgbusd.http")
+
+# What a peer is told to wait before sending again when this site's Redis cannot take its message.
+REDIS_RETRY_AFTER_S = 1
+
+ACCEPTED_BODY = b'{"status": "accepted"}'
+JSON_TYPE = "application/json"
+
+
+@dataclass
+class Door:
+    """What the endpoints need: the site's Redis, its resolver and key, and a clock.
+
+    With ``twin`` and ``deliver_replies`` set (the daemon sets them), replies for this twin go straight to
+    their callers; requests always go straight to their service's list once checked and valid.
+    """
+
+    store: Store
+    resolver: Resolver
+    signer: Signer
+    freshness_s: float = 60.0
+    clock: Callable[[], float] = time.time
+    metrics: Metrics = field(default_factory=Metrics)
+    twin: int = 0
+    deliver_replies: Callable[[list[Envelope]], Awaitable[None]] | None = None
+    events: EventLog = field(default_factory=lambda: EventLog(None, 0))
+    # A body larger than this is refused (413) before it is read.
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # Per source twin, after its signature is checked; None: no limit.
+    rate_limit: TokenBuckets | None = None
+
+    async def verified(self, request: Request) -> Envelope:
+        """The request's envelope, if it passes every check; else :class:`RejectedRequest`."""
+        body = await request.body()
+        try:
+            env = Envelope.decode(body)
+        except EnvelopeDecodeError as exc:
+            raise self._rejected("invalid", 400, "couldn't parse json") from exc
+        await self.check(env)
+        if request.url.path != "/zbus-cmd":
+            self.refuse_proxied(env)
+        return env
+
+    def refuse_proxied(self, env: Envelope) -> None:
+        """Site to site, nothing is ``pxy``: the proxy flow starts at ``/zbus-cmd`` and its replies stay on
+        the site that ran the request. A ``pxy`` reply from a peer would go to whatever list it names."""
+        if env.pxy:
+            raise self._rejected("invalid", 400, "pxy messages are only taken on /zbus-cmd", env)
+
+    def _rejected(
+        self, cause: ErrorCause, status: int, message: str, env: Envelope | None = None
+    ) -> RejectedRequest:
+        """Count a refused message and record it; returns the error to raise."""
+        self.metrics.message("rejected")
+        self.metrics.error(cause)
+        self.events.emit(ev.REJECTED, env, status=status, error=message)
+        return RejectedRequest(status, message)
+
+    async def check(self, env: Envelope) -> None:
+        """Freshness, the source twin's key and the signature, in go-rmb's order."""
+        now = int(self.clock())
+        if now - env.now > self.freshness_s:
+            age = go_duration(self.clock() - env.now)
+            message = f"message is too old, sent since {age}, sent time: {env.now}, now: {now}"
+            raise self._rejected("too_old", 400, message, env)
+        try:
+            twin = await self.resolver.get_twin(env.src)
+        except TwinNotFound as exc:
+            raise self._rejected("not_found", 400, f"source twin {env.src} not found", env) from exc
+        except ResolverError as exc:
+            message = f"couldn't get twin {env.src} public key: {exc}"
+            raise self._rejected("other", 502, message, env) from exc
+        try:
+            verify(env, twin.public_key)
+        except SignatureError as exc:
+            raise self._rejected("signature", 400, exc.message, env) from exc
+        if self.rate_limit is not None and not self.rate_limit.allow(env.src):
+            message = (
+                f"too many messages from twin {env.src}: the limit is {self.rate_limit.rate:g} per second"
+            )
+            raise self._rejected("rate_limited", 429, message, env)
+
+    def too_large(self) -> RejectedRequest:
+        """The error for a body over :attr:`max_message_bytes` (counted and recorded)."""
+        return self._rejected("too_large", 413, too_large_text(self.max_message_bytes))
+
+    async def take(self, messages: list[tuple[str, Envelope]]) -> None:
+        """Hand on checked envelopes that came in on ``/zbus-remote`` or ``/zbus-reply``: valid requests to
+        their service's list (once per lifetime), replies for this twin to their callers, anything else to
+        the daemon's queues (which answer invalid requests with an error)."""
+        replies = [env for path, env in messages if path == REPLY_PATH and self._for_our_callers(env)]
+        items = [
+            self._inbound(path, env)
+            for path, env in messages
+            if not (path == REPLY_PATH and self._for_our_callers(env))
+        ]
+        self.metrics.message("received", len(messages))
+        for path, env in messages:
+            if path == REMOTE_PATH:
+                self.events.emit(ev.RECEIVED, env)
+        if items:
+            queued = await self.store.queue_from_peers(items)
+            self._record_hand_overs(items, queued)
+            duplicates = len(queued) - sum(queued)
+            if duplicates:
+                self.metrics.message("duplicate", duplicates)
+                log.info(
+                    "%d request(s) re-sent by a twin were already accepted; not queued again", duplicates
+                )
+        if replies and self.deliver_replies is not None:
+            await self.deliver_replies(replies)
+
+    async def answer(self, messages: list[object], peer: int | None = None) -> list[dict[str, object]]:
+        """Check and take ``{"path", "envelope"}`` messages that came together; one answer per message,
+        in order (``{"status": 200}`` or the status and go-rmb's text). ``peer``: the twin at the other end
+        of a link, the only source taken from it."""
+        results: list[dict[str, object]] = [{"status": 200} for _ in messages]
+        accepted: list[tuple[str, Envelope]] = []
+        for index, message in enumerate(messages):
+            try:
+                path, env = _batch_item(message)
+                if peer is not None and env.src != peer:
+                    message = f"this link carries twin {peer}'s messages only"
+                    raise self._rejected("invalid", 400, message, env)
+                await self.check(env)
+                self.refuse_proxied(env)
+            except RejectedRequest as exc:
+                results[index] = {"status": exc.status, "message": exc.message}
+                continue
+            accepted.append((path, env))
+        await self.take(accepted)
+        return results
+
+    def _record_hand_overs(self, items: list[Inbound], queued: list[bool]) -> None:
+        if not self.events.enabled:
+            return
+        for item, done in zip(items, queued, strict=True):
+            if item.to_service and item.envelope is not None:
+                event = ev.HANDED_TO_SERVICE if done else ev.DUPLICATE
+                self.events.emit(event, item.envelope, queue=item.queue)
+
+    def _for_our_callers(self, env: Envelope) -> bool:
+        return self.deliver_replies is not None and not env.pxy and bool(env.dst) and env.dst[0] == self.twin
+
+    def _inbound(self, path: str, env: Envelope) -> Inbound:
+        if path == REPLY_PATH:
+            return Inbound(keys.REPLY, env.encode())
+        try:
+            validate(env)
+        except InvalidMessage:
+            return Inbound(keys.REMOTE, env.encode())
+        target = keys.command_queue(env.cmd)
+        if not env.uid:
+            return Inbound(target, env.encode(), to_service=True, envelope=env)
+        ttl_s = dedup_ttl_s(env, self.freshness_s)
+        return Inbound(target, env.encode(), env.src, seen_id(env), ttl_s, to_service=True, envelope=env)
+
+
+def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links | None = None) -> Starlette:
+    """The site port's app: the RMB endpoints, ``/zbus-batch``, and ``/zbus-link`` when ``links`` is given
+    (without it, an upgrade is refused and peers send POSTs)."""
+
+    async def remote(request: Request) -> Response:
+        await door.take([(REMOTE_PATH, await door.verified(request))])
+        return _accepted()
+
+    async def reply(request: Request) -> Response:
+        await door.take([(REPLY_PATH, await door.verified(request))])
+        return _accepted()
+
+    async def batch(request: Request) -> Response:
+        return Response(await take_batch(door, await request.body()), 200, media_type=JSON_TYPE)
+
+    async def cmd(request: Request) -> Response:
+        env = await door.verified(request)
+        retqueue = str(uuid.uuid4())
+        await door.store.push(keys.REMOTE, env.replace(pxy=True, ret=retqueue).encode())
+        return Response(json.dumps({"retqueue": retqueue}), 200, media_type=JSON_TYPE)
+
+    async def result(request: Request) -> Response:
+        retqueue = _retqueue(await request.body())
+        now = int(door.clock())
+        items = []
+        for raw in await door.store.read_list(retqueue):
+            try:
+                env = Envelope.decode(raw)
+            except EnvelopeDecodeError as exc:
+                log.error("skipped an undecodable item in %s: %s", retqueue, exc.reason)
+                continue
+            shown = env.replace(dat=_payload_text(env.dat), now=now)
+            items.append(door.signer.sign(shown).to_wire())
+        return Response(json.dumps(items), 200, media_type=JSON_TYPE)
+
+    routes = [
+        Route("/zbus-remote", _Endpoint(remote, door.metrics)),
+        Route("/zbus-reply", _Endpoint(reply, door.metrics)),
+        Route("/zbus-cmd", _Endpoint(cmd, door.metrics)),
+        Route("/zbus-result", _Endpoint(result, door.metrics)),
+        Route(BATCH_PATH, _Endpoint(batch, door.metrics)),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
+        *extra_routes,
+    ]
+    if links is not None:
+        routes.append(WebSocketRoute(LINK_PATH, links.serve))
+    return Starlette(routes=routes, middleware=[Middleware(_BodyLimit, door=door)])
+
+
+class _BodyLimit:
+    """Refuses a body over the door's limit with 413: at once when its Content-Length says so, else as soon
+    as the bytes read pass the limit (the endpoint turns the error into the answer)."""
+
+    def __init__(self, app: ASGIApp, door: Door) -> None:
+        self._app = app
+        self._door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        limit = self._door.max_message_bytes
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            error = self._door.too_large()
+            log.info("refused %s %s: %s", scope["method"], scope["path"], error.message)
+            response = Response(http_error_body(error.message), error.status, media_type=JSON_TYPE)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise self._door.too_large()
+            return message
+
+        await self._app(scope, limited, send)
+
+
+async def openapi_endpoint(request: Request) -> Response:
+    return Response(json.dumps(openapi.document()), 200, media_type=JSON_TYPE)
+
+
+def loopback_only(app: ASGIApp) -> ASGIApp:
+    """Serve ``app`` to clients on this machine only: the site port is public, operations data is not."""
+    return _LoopbackOnly(app)
+
+
+class _LoopbackOnly:
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        if client and _is_loopback(client[0]):
+            await self._app(scope, receive, send)
+            return
+        body = http_error_body("only served to clients on this machine")
+        await Response(body, 403, media_type=JSON_TYPE)(scope, receive, send)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    # On a dual-stack socket an IPv4 client shows up as ::ffff:127.0.0.1.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+async def take_batch(door: Door, body: bytes) -> bytes:
+    """``/zbus-batch``, between msgbus sites: many envelopes in one POST, each checked and answered alone.
+
+    Body ``{"messages": [{"path": "/zbus-remote" | "/zbus-reply", "envelope": {...}}, ...]}``; answer
+    ``{"results": [{"status": 200} | {"status": 400, "message": "..."}, ...]}`` in the same order.
+    """
+    try:
+        messages = json.loads(body)["messages"]
+        if not isinstance(messages, list):
+            raise TypeError("messages is not a list")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise RejectedRequest(400, "couldn't parse json") from exc
+    return json.dumps({"results": await door.answer(messages)}).encode()
+
+
+async def answer_link_frame(door: Door, peer: int, messages: list[object]) -> list[dict[str, object]]:
+    """The answers to a frame of envelopes that came over a link from twin ``peer``: as for a batch, and
+    only envelopes from ``peer`` are taken (a site speaks for itself on its links). When Redis cannot take
+    them, every envelope is answered 503 with ``retry_after``: the peer sends them again then."""
+    try:
+        return await door.answer(messages, peer)
+    except RedisError as exc:
+        log.error("redis failed while taking a frame from twin %s: %s", peer, exc)
+        door.metrics.error("redis")
+        message = f"couldn't queue the message, the site's redis failed: {exc}"
+        return [{"status": 503, "message": message, "retry_after": REDIS_RETRY_AFTER_S} for _ in messages]
+
+
+def _batch_item(message: object) -> tuple[str, Envelope]:
+    if not isinstance(message, dict) or message.get("path") not in (REMOTE_PATH, REPLY_PATH):
+        raise RejectedRequest(400, "couldn't parse json")
+    try:
+        return str(message["path"]), Envelope.from_wire(message.get("envelope"))
+    except EnvelopeDecodeError as exc:
+        raise RejectedRequest(400, "couldn't parse json") from exc
+
+
+def seen_id(env: Envelope) -> str:
+    """What identifies one request from a twin: its uid, and a digest of its command and payload."""
+    digest = hashlib.md5(f"{env.cmd}\n{env.dat}".encode(), usedforsecurity=False).hexdigest()[:16]
+    return f"{env.uid}.{digest}"
+
+
+def dedup_ttl_s(env: Envelope, freshness_s: float) -> int:
+    """How long a re-send of ``env`` may still arrive: the sender re-sends it until its lifetime ends (capped,
+    so that an absurd ``exp`` cannot put the key's expiry out of Redis's range)."""
+    return min(env.lifetime_s + int(freshness_s), MAX_DEDUP_TTL_S)
+
+
+def _accepted() -> Response:
+    return Response(ACCEPTED_BODY, 200, media_type=JSON_TYPE)
+
+
+class _Endpoint:
+    """Wrap ``handler`` as a plain ASGI app (not a function), so starlette routes every HTTP method to it."""
+
+    def __init__(self, handler: Callable[[Request], Awaitable[Response]], metrics: Metrics) -> None:
+        self._handler = handler
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await self._handler(request)
+        except RejectedRequest as exc:
+            log.info("refused %s %s: %s", request.method, request.url.path, exc.message)
+            response = Response(http_error_body(exc.message), exc.status, media_type=JSON_TYPE)
+        except RedisError as exc:
+            # The sender keeps the message and sends it again after Retry-After, without spending a try.
+            log.error("redis failed while handling %s: %s", request.url.path, exc)
+            self._metrics.error("redis")
+            response = Response(
+                http_error_body(f"couldn't queue the message, the site's redis failed: {exc}"),
+                503,
+                headers={"Retry-After": str(REDIS_RETRY_AFTER_S)},
+                media_type=JSON_TYPE,
+            )
+        await response(scope, receive, send)
+
+
+def _retqueue(body: bytes) -> str:
+    try:
+        value = json.loads(body)["retqueue"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise RejectedRequest(400, "couldn't parse json") from exc
+    if not isinstance(value, str):
+        raise RejectedRequest(400, "couldn't parse json")
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError as exc:
+        raise RejectedRequest(400, "Invalid Retqueue, it should be a valid UUID") from exc
+    if parsed.version != 4:
+        raise RejectedRequest(400, "Invalid Retqueue, it should be a valid UUID")
+    return value
+
+
+def _payload_text(dat: str) -> str:
+    try:
+        return base64.b64decode(dat, validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return dat

@@ -1,0 +1,125 @@
+"""The two ends of a link (:mod:`msgbusd.sending.links`) behind one small interface: the opener's end is an
+aiohttp WebSocket, the other a starlette one on the site port."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+
+import aiohttp
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+# The close code of a refused handshake (4000-4999 are the application's).
+REFUSED = 4403
+
+
+class LinkClosed(Exception):
+    """The link closed (or stalled) before a frame was answered; what it carried is sent again.
+    ``refused``: the other side refused the handshake, or failed ours."""
+
+    def __init__(self, reason: str, *, refused: bool = False) -> None:
+        super().__init__(reason)
+        self.refused = refused
+
+
+class Socket(Protocol):
+    async def send(self, data: bytes) -> None: ...
+
+    async def receive(self) -> bytes | None:
+        """The next message, or None once the link is closed."""
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+    def close_reason(self) -> str: ...
+
+    def refused(self) -> bool:
+        """Whether the other side closed with :data:`REFUSED`."""
+
+
+class ClientSocket:
+    """The opener's end (aiohttp)."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self._ws = ws
+        self._reason = ""
+        self._code: int | None = None
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self._ws.send_bytes(data)
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise LinkClosed(str(exc) or type(exc).__name__) from exc
+
+    async def receive(self) -> bytes | None:
+        message = await self._ws.receive()
+        if message.type == aiohttp.WSMsgType.BINARY:
+            return bytes(message.data)
+        if message.type == aiohttp.WSMsgType.TEXT:
+            return str(message.data).encode()
+        if message.type == aiohttp.WSMsgType.CLOSE:
+            self._code = message.data
+            self._reason = f"closed by the peer ({message.data} {message.extra or ''})".strip()
+        elif message.type == aiohttp.WSMsgType.ERROR:
+            self._reason = f"failed: {message.data}"
+        else:
+            self._reason = self._reason or "closed"
+        return None
+
+    async def close(self, code: int, reason: str) -> None:
+        self._reason = self._reason or reason
+        with contextlib.suppress(Exception):
+            await self._ws.close(code=code, message=reason.encode()[:120])
+
+    def close_reason(self) -> str:
+        return self._reason or "closed"
+
+    def refused(self) -> bool:
+        return self._code == REFUSED
+
+
+class ServerSocket:
+    """The site's end (starlette, on the site port)."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self._ws = ws
+        self._reason = ""
+        self._closed = False
+
+    async def send(self, data: bytes) -> None:
+        if self._closed:
+            raise LinkClosed(self.close_reason())
+        try:
+            await self._ws.send_bytes(data)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise LinkClosed(str(exc) or type(exc).__name__) from exc
+
+    async def receive(self) -> bytes | None:
+        if self._closed:
+            return None
+        try:
+            message = await self._ws.receive()
+        except (RuntimeError, OSError) as exc:
+            self._closed = True
+            self._reason = f"failed: {exc}"
+            return None
+        if message["type"] == "websocket.disconnect":
+            self._closed = True
+            self._reason = f"closed by the peer ({message.get('code', '')} {message.get('reason') or ''})"
+            return None
+        if message.get("bytes") is not None:
+            return bytes(message["bytes"])
+        return str(message.get("text", "")).encode()
+
+    async def close(self, code: int, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._reason = self._reason or reason
+        with contextlib.suppress(Exception):
+            await self._ws.close(code=code, reason=reason[:120])
+
+    def close_reason(self) -> str:
+        return (self._reason or "closed").strip()
+
+    def refused(self) -> bool:
+        return False

@@ -1,0 +1,513 @@
+"""Links: one long-lived WebSocket between two msgbus sites, carrying envelopes both ways.
+
+A site that has something to send to a peer opens a link to ``/zbus-link`` on the peer's site port (an
+HTTP upgrade, so the same port and the same proxies). Once both ends know who is at the other end, each
+side sends on it: the requests one way and their replies the other way. A peer that answers the upgrade
+with plain HTTP (go-rmb) is sent POSTs instead (:mod:`msgbusd.sending.posts`).
+
+Every frame is one JSON object in a binary WebSocket message::
+
+    site -> opener   {"op": "challenge", "twin": S, "nonce": "<hex>", "max_bytes": N}
+    opener -> site   {"op": "hello", "twin": C, "nonce": "<hex>", "sig": "<hex>", "max_bytes": N}
+    site -> opener   {"op": "welcome", "sig": "<hex>"}
+    either way       {"op": "send", "id": N, "messages": [{"path": "/zbus-remote", "envelope": {...}}, ...]}
+    either way       {"op": "ack", "id": N, "results": [{"status": 200}, {"status": 400, "message": "..."}]}
+
+``hello`` is signed by the opener's twin key over (C, S, the site's nonce) and ``welcome`` by the site's
+over (S, C, the opener's nonce), both checked against the resolver: nobody can open a link in another
+twin's name and collect its replies, nor pose as the twin we meant to reach. A refused handshake closes
+the link with code 4403 and the reason. ``max_bytes`` is the largest envelope each side takes: larger
+ones are refused (413) without being sent, and a frame holds at most that much.
+
+Every envelope is still signed and checked on its own and answered on its own in the ``ack`` (go-rmb's
+status and text), and the sender pops its queue only after the ack: a link that breaks loses nothing, its
+frames without an ack are sent again on the next link, and the receiver drops what it already has. Both
+ends ping: a link that stops answering is closed within ``ping_s`` twice over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.websockets import WebSocket
+
+from msgbusd.errors import DeliveryError, peer_refusal
+from msgbusd.identity.signing import SignatureError, Signer, verify_digest
+from msgbusd.reports.logs import about
+from msgbusd.sending.batching import batch_message, chunks
+from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.link_sockets import REFUSED, ClientSocket, LinkClosed, ServerSocket, Socket
+from twin_resolver.address import peer_url
+from twin_resolver.base import Resolver, ResolverError
+from wire.error_texts import too_large_text
+
+log = logging.getLogger("msgbusd.links")
+
+LINK_PATH = "/zbus-link"
+# Frames received and not yet answered, per link: the sender waits for acks, so more means a flood.
+INBOUND_FRAMES = 16
+# A twin whose site answers the upgrade with plain HTTP is sent POSTs this long before it is asked again.
+RECHECK_S = 600.0
+# A link opened here that breaks this many times within the window (a proxy or network that cuts long-lived
+# connections, or loses much of what it carries) is given up for POSTs a while: each POST stands alone, while
+# a link needs its handshake and every ack through.
+FLAPPING_BREAKS = 3
+FLAPPING_WINDOW_S = 60.0
+FLAPPING_POSTS_S = 60.0
+
+# What an inbound frame's envelopes get: one result per message, {"status": 200} or status and message.
+Answer = Callable[[int, list[Any]], Awaitable[list[dict[str, Any]]]]
+
+
+@dataclass(frozen=True)
+class Result:
+    """A peer's answer to one envelope sent over a link."""
+
+    status: int
+    message: str = ""
+    retry_after_s: float | None = None
+
+
+class LinkUnsupported(Exception):
+    """The peer's site answered the upgrade with plain HTTP: it is not a msgbus site."""
+
+
+def handshake_digest(signer_twin: int, other_twin: int, nonce: str) -> bytes:
+    """What a handshake signature covers: who signs, for whom, and the other side's fresh nonce."""
+    return hashlib.sha256(f"msgbus-link\n{signer_twin}\n{other_twin}\n{nonce}".encode()).digest()
+
+
+class Link:
+    """An open link to twin ``peer``: sends frames and waits for their acks, answers the peer's frames in
+    the order they came."""
+
+    def __init__(
+        self, peer: int, socket: Socket, answer: Answer, *, opened_here: bool, peer_max_bytes: int
+    ) -> None:
+        self.peer = peer
+        self.opened_here = opened_here
+        # The largest envelope the peer takes (it says so in the handshake).
+        self.peer_max_bytes = peer_max_bytes
+        self._socket = socket
+        self._answer = answer
+        self._write_lock = asyncio.Lock()
+        self._next_id = 1
+        self._pending: dict[int, asyncio.Future[list[Result]]] = {}
+        self._inbound: asyncio.Queue[tuple[int, list[Any]] | None] = asyncio.Queue(INBOUND_FRAMES)
+        self._closed: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._closed is None
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed
+
+    async def send(self, messages: Sequence[bytes], timeout_s: float) -> list[Result]:
+        """Send ``messages`` (each an encoded ``{"path", "envelope"}`` object) in one frame and wait for
+        the peer's answer to each; raises :class:`LinkClosed` if the link ends or stalls first."""
+        if self._closed is not None:
+            raise LinkClosed(self._closed)
+        frame_id = self._next_id
+        self._next_id += 1
+        answered: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
+        self._pending[frame_id] = answered
+        try:
+            try:
+                await self._write(b'{"op":"send","id":%d,"messages":[%b]}' % (frame_id, b",".join(messages)))
+            except LinkClosed as exc:
+                # Not used again: the next send opens a new link.
+                await self.close(str(exc))
+                raise
+            try:
+                results = await asyncio.wait_for(answered, timeout_s)
+            except TimeoutError:
+                await self.close(f"no answer within {timeout_s:g}s")
+                raise LinkClosed(f"no answer within {timeout_s:g}s") from None
+        finally:
+            self._pending.pop(frame_id, None)
+        if len(results) != len(messages):
+            await self.close("an answer that does not match its frame")
+            raise LinkClosed(f"{len(results)} results for {len(messages)} messages")
+        return results
+
+    async def run(self) -> None:
+        """Read frames until the link closes; the peer's frames are answered one after the other, in order."""
+        answering = asyncio.ensure_future(self._answer_frames())
+        try:
+            while (data := await self._socket.receive()) is not None:
+                if not await self._dispatch(data):
+                    break
+        finally:
+            self._closed = self._closed or self._socket.close_reason()
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(LinkClosed(self._closed))
+            if self._inbound.full():
+                answering.cancel()
+            else:
+                self._inbound.put_nowait(None)
+            with contextlib.suppress(asyncio.CancelledError, LinkClosed):
+                await answering
+            await self._socket.close(1000, self._closed)
+
+    async def close(self, reason: str, code: int = 1000) -> None:
+        """Close the link; frames waiting for an answer fail with :class:`LinkClosed`."""
+        if self._closed is None:
+            self._closed = reason
+        await self._socket.close(code, reason)
+
+    async def _dispatch(self, data: bytes) -> bool:
+        try:
+            frame = orjson.loads(data)
+            op = frame["op"]
+            frame_id = int(frame["id"])
+            if op == "ack":
+                self._acked(frame_id, frame["results"])
+            elif op == "send":
+                messages = frame["messages"]
+                if not isinstance(messages, list):
+                    raise TypeError("messages is not a list")
+                await self._inbound.put((frame_id, messages))
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            log.warning("closing the link with twin %s: unreadable frame (%s)", self.peer, exc)
+            await self.close(f"unreadable frame: {exc}", code=1003)
+            return False
+        return True
+
+    def _acked(self, frame_id: int, results: list[dict[str, Any]]) -> None:
+        future = self._pending.get(frame_id)
+        if future is None or future.done():
+            return
+        future.set_result(
+            [
+                Result(
+                    int(result["status"]),
+                    str(result.get("message", "")),
+                    float(result["retry_after"]) if "retry_after" in result else None,
+                )
+                for result in results
+            ]
+        )
+
+    async def _answer_frames(self) -> None:
+        while (frame := await self._inbound.get()) is not None:
+            frame_id, messages = frame
+            results = await self._answer(self.peer, messages)
+            try:
+                await self._write(orjson.dumps({"op": "ack", "id": frame_id, "results": results}))
+            except LinkClosed:
+                # The peer sends the frame again on its next link; its envelopes are kept once.
+                return
+
+    async def _write(self, data: bytes) -> None:
+        async with self._write_lock:
+            await self._socket.send(data)
+
+
+class Links:
+    """This site's links, by peer twin: the ones it opened and the ones peers opened to it.
+
+    ``link_to`` gives the open link to a twin, opening one if needed; None when the twin's site does not
+    take links (it is sent POSTs). ``serve`` is the site port's ``/zbus-link`` endpoint.
+    """
+
+    def __init__(
+        self,
+        twin: int,
+        signer: Signer,
+        resolver: Resolver,
+        http: HttpClients,
+        answer: Answer,
+        *,
+        timeout_s: float,
+        ping_s: float = 5.0,
+        max_frame_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._twin = twin
+        self._signer = signer
+        self._resolver = resolver
+        self._http = http
+        self._answer = answer
+        self.timeout_s = timeout_s
+        self._ping_s = ping_s
+        self.max_frame_bytes = max_frame_bytes
+        self._clock = clock
+        self._links: dict[int, list[Link]] = {}
+        self._opening: dict[int, asyncio.Lock] = {}
+        # Twins sent POSTs until then (their site takes no links, or their links keep breaking).
+        self._posts_until: dict[int, float] = {}
+        self._breaks: dict[int, deque[float]] = {}
+        self._readers: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    def open_count(self) -> int:
+        return sum(1 for links in self._links.values() for link in links if link.is_open)
+
+    async def link_to(self, twin_id: int, *, replies_only: bool = False) -> Link | None:
+        """The link to send to ``twin_id`` on, opened now if there is none; None if its site takes POSTs
+        only. Raises :class:`DeliveryError` when the site cannot be reached or fails the handshake.
+
+        Requests go over a link this site opened, to the address the resolver gives for the twin. Replies
+        go back over the link the twin opened (the one their requests came on) while it is open."""
+        link = self._current(twin_id, replies_only)
+        if link is not None or self._posts_until.get(twin_id, 0.0) > self._clock():
+            return link
+        lock = self._opening.setdefault(twin_id, asyncio.Lock())
+        async with lock:
+            link = self._current(twin_id, replies_only)
+            if link is not None or self._posts_until.get(twin_id, 0.0) > self._clock():
+                return link
+            try:
+                link = await self._open(twin_id)
+            except LinkUnsupported as exc:
+                self._posts_until[twin_id] = self._clock() + RECHECK_S
+                log.info("twin %s takes POSTs only (%s)", twin_id, exc, extra=about(twin=twin_id))
+                return None
+            except DeliveryError as exc:
+                if exc.offline:
+                    self._broke(twin_id, exc.cause)
+                raise
+            self._adopt(link)
+            reader = asyncio.ensure_future(self._read(link))
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+            return link
+
+    async def serve(self, websocket: WebSocket) -> None:
+        """``/zbus-link``: a peer opens a link to this site."""
+        await websocket.accept()
+        socket = ServerSocket(websocket)
+        try:
+            peer, peer_max_bytes = await asyncio.wait_for(self._greet(socket), self.timeout_s)
+        except (TimeoutError, _Refused, LinkClosed) as exc:
+            reason = str(exc) if isinstance(exc, _Refused) else "no handshake in time"
+            if not isinstance(exc, LinkClosed):
+                log.warning("refused a link: %s", reason)
+                await socket.close(REFUSED, reason)
+            return
+        if self._closing:
+            await socket.close(1001, "the site is stopping")
+            return
+        link = Link(peer, socket, self._answer, opened_here=False, peer_max_bytes=peer_max_bytes)
+        self._adopt(link)
+        log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
+        await self._read(link)
+
+    async def aclose(self) -> None:
+        """Close every link (the daemon stops); their readers end."""
+        self._closing = True
+        for links in list(self._links.values()):
+            for link in list(links):
+                await link.close("the site is stopping", code=1001)
+        if self._readers:
+            await asyncio.wait(list(self._readers), timeout=self.timeout_s)
+
+    def _current(self, twin_id: int, replies_only: bool) -> Link | None:
+        links = [link for link in self._links.get(twin_id, []) if link.is_open]
+        self._links[twin_id] = links
+        ours = [link for link in links if link.opened_here]
+        theirs = [link for link in links if not link.opened_here]
+        if replies_only and theirs:
+            return theirs[-1]
+        return ours[-1] if ours else None
+
+    def _adopt(self, link: Link) -> None:
+        self._links.setdefault(link.peer, []).append(link)
+
+    async def _read(self, link: Link) -> None:
+        try:
+            await link.run()
+        except Exception:
+            log.exception("the link with twin %s failed", link.peer, extra=about(twin=link.peer))
+        finally:
+            links = self._links.get(link.peer, [])
+            if link in links:
+                links.remove(link)
+            log.info(
+                "link with twin %s closed: %s",
+                link.peer,
+                link.closed_reason,
+                extra=about(twin=link.peer),
+            )
+            if link.opened_here and not self._closing:
+                self._broke(link.peer, link.closed_reason or "closed")
+
+    def _broke(self, twin_id: int, reason: str) -> None:
+        """A link to ``twin_id`` broke (or was cut while opening); one that keeps breaking gives way to
+        POSTs."""
+        now = self._clock()
+        breaks = self._breaks.setdefault(twin_id, deque(maxlen=FLAPPING_BREAKS))
+        breaks.append(now)
+        if len(breaks) == FLAPPING_BREAKS and now - breaks[0] <= FLAPPING_WINDOW_S:
+            span_s = now - breaks[0]
+            breaks.clear()
+            self._posts_until[twin_id] = now + FLAPPING_POSTS_S
+            log.warning(
+                "the link to twin %s broke %d times in %.0fs (last: %s); sending it POSTs for %.0fs",
+                twin_id,
+                FLAPPING_BREAKS,
+                span_s,
+                reason,
+                FLAPPING_POSTS_S,
+                extra=about(twin=twin_id),
+            )
+
+    async def _open(self, twin_id: int) -> Link:
+        try:
+            twin = await self._resolver.get_twin(twin_id)
+            url = peer_url(twin.address, LINK_PATH)
+        except ResolverError as exc:
+            raise DeliveryError(str(exc), kind="not_found") from exc
+        except ValueError as exc:
+            raise DeliveryError(f"twin {twin_id} has an unusable address {twin.address!r}: {exc}") from exc
+        try:
+            ws = await self._http.websocket(
+                "ws" + url.removeprefix("http"),
+                heartbeat_s=self._ping_s,
+                max_message_bytes=self.max_frame_bytes + 4096,
+                timeout_s=self.timeout_s,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status in (502, 503, 504):
+                raise DeliveryError(
+                    f"twin {twin_id} at {url} cannot take messages now: {exc.status}", offline=True
+                ) from exc
+            raise LinkUnsupported(f"the upgrade was answered {exc.status}") from exc
+        except TimeoutError as exc:
+            raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
+        except aiohttp.ClientError as exc:
+            raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
+        socket = ClientSocket(ws)
+        try:
+            peer_max_bytes = await asyncio.wait_for(
+                self._introduce(socket, twin_id, twin.public_key), self.timeout_s
+            )
+        except TimeoutError as exc:
+            await socket.close(1000, "no handshake in time")
+            raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
+        except LinkClosed as exc:
+            await socket.close(1000, str(exc))
+            if exc.refused:
+                raise DeliveryError(f"twin {twin_id} at {url} refused a link: {exc}", kind="refused") from exc
+            # Cut during the handshake: like a connection that failed.
+            raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
+        log.info("opened a link to twin %s at %s", twin_id, url, extra=about(twin=twin_id))
+        return Link(twin_id, socket, self._answer, opened_here=True, peer_max_bytes=peer_max_bytes)
+
+    async def _introduce(self, socket: Socket, twin_id: int, public_key: bytes) -> int:
+        """The opener's half of the handshake: the largest envelope the site takes. Raises
+        :class:`LinkClosed` when it fails."""
+        challenge = _frame(await socket.receive(), "challenge", socket)
+        if challenge.get("twin") != twin_id:
+            raise LinkClosed(
+                f"the site there is twin {challenge.get('twin')}, not twin {twin_id}", refused=True
+            )
+        nonce = os.urandom(16).hex()
+        their_nonce = str(challenge.get("nonce", ""))
+        sig = self._signer.sign_digest(handshake_digest(self._twin, twin_id, their_nonce)).hex()
+        hello = {"op": "hello", "twin": self._twin, "nonce": nonce, "sig": sig}
+        await socket.send(orjson.dumps({**hello, "max_bytes": self.max_frame_bytes}))
+        welcome = _frame(await socket.receive(), "welcome", socket)
+        try:
+            digest = handshake_digest(twin_id, self._twin, nonce)
+            verify_digest(str(welcome.get("sig", "")), digest, public_key)
+        except SignatureError as exc:
+            raise LinkClosed(f"the site there is not twin {twin_id}: {exc.message}", refused=True) from exc
+        return _max_bytes(challenge, self.max_frame_bytes)
+
+    async def _greet(self, socket: Socket) -> tuple[int, int]:
+        """The site's half of the handshake: the opener's twin, once it proved it holds that twin's key, and
+        the largest envelope the opener takes."""
+        nonce = os.urandom(16).hex()
+        challenge = {"op": "challenge", "twin": self._twin, "nonce": nonce, "max_bytes": self.max_frame_bytes}
+        await socket.send(orjson.dumps(challenge))
+        try:
+            hello = _frame(await socket.receive(), "hello", socket)
+            peer = int(hello["twin"])
+        except (LinkClosed, KeyError, TypeError, ValueError) as exc:
+            raise _Refused(f"no valid hello: {exc}") from exc
+        try:
+            twin = await self._resolver.get_twin(peer)
+        except ResolverError as exc:
+            raise _Refused(f"couldn't get twin {peer} public key: {exc}") from exc
+        try:
+            digest = handshake_digest(peer, self._twin, nonce)
+            verify_digest(str(hello.get("sig", "")), digest, twin.public_key)
+        except SignatureError as exc:
+            raise _Refused(f"not signed by twin {peer}: {exc.message}") from exc
+        sig = self._signer.sign_digest(handshake_digest(self._twin, peer, str(hello.get("nonce", "")))).hex()
+        await socket.send(orjson.dumps({"op": "welcome", "sig": sig}))
+        return peer, _max_bytes(hello, self.max_frame_bytes)
+
+
+async def send_envelopes(
+    link: Link, items: Sequence[tuple[str, bytes]], timeout_s: float
+) -> list[DeliveryError | None]:
+    """Send ``(path, signed envelope)`` pairs over ``link``, in order, as few frames as the peer's size
+    limit allows; one result per item (None: the peer has it)."""
+    twin_id, limit = link.peer, link.peer_max_bytes
+    results: list[DeliveryError | None] = [None] * len(items)
+    sendable: list[int] = []
+    messages: list[bytes] = []
+    for index, (path, envelope) in enumerate(items):
+        if len(envelope) > limit:
+            # The peer said how much it takes when the link opened: this one it would refuse.
+            results[index] = peer_refusal(twin_id, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, too_large_text(limit))
+            continue
+        sendable.append(index)
+        messages.append(batch_message(path, envelope))
+    done = 0
+    for chunk in chunks(messages, limit):
+        indexes = sendable[done : done + len(chunk)]
+        done += len(chunk)
+        try:
+            answers = await link.send(chunk, timeout_s)
+        except LinkClosed as exc:
+            error = DeliveryError(f"the link to twin {twin_id} broke: {exc}", offline=True)
+            for index in indexes:
+                results[index] = error
+            for index in sendable[done:]:
+                results[index] = error.not_attempted()
+            return results
+        for index, answer in zip(indexes, answers, strict=True):
+            if answer.status != 200:
+                results[index] = peer_refusal(twin_id, answer.status, answer.message, answer.retry_after_s)
+    return results
+
+
+class _Refused(Exception):
+    """A handshake this site refuses; the message is the close reason."""
+
+
+def _max_bytes(frame: dict[str, Any], default: int) -> int:
+    value = frame.get("max_bytes")
+    return value if isinstance(value, int) and value > 0 else default
+
+
+def _frame(data: bytes | None, op: str, socket: Socket) -> dict[str, Any]:
+    if data is None:
+        raise LinkClosed(socket.close_reason(), refused=socket.refused())
+    try:
+        frame = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise LinkClosed(f"expected {op}, got something unreadable", refused=True) from exc
+    if not isinstance(frame, dict) or frame.get("op") != op:
+        raise LinkClosed(f"expected {op}", refused=True)
+    return frame

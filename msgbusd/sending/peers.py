@@ -1,0 +1,464 @@
+"""How a message leaves this site: one :class:`Peer` per destination twin owns everything on the way out.
+
+1. A request a local client pushed, or a service's reply to a peer's request, is accepted by a handler
+   (:mod:`msgbusd.door.handlers`) in one script that also appends it to its destination's send queue in Redis,
+   then handed to the destination's peer (:meth:`Peers.kick`).
+2. The peer's sender reads the head of that queue (or takes what was just accepted straight from memory
+   while memory and the queue are known to be in step), stamps and signs each envelope, and sends up to
+   :data:`BATCH` of them at once: over the link to a msgbus site (:mod:`msgbusd.sending.links`), or in POSTs
+   to a site that takes no links (go-rmb, or ``--no-links``; :mod:`msgbusd.sending.posts`).
+3. Every envelope gets its own answer. The queue is popped only once the peer has them (or once their
+   failure is in the schedule), so what waits for a slow or absent peer stays in Redis, in order, not in
+   memory; a crash at any point sends again, and the receiver drops what it already has.
+4. A refusal is the message's own failure: :mod:`msgbusd.sending.schedule` counts the try and moves it to the
+   retry schedule, from where the timer puts it back in the send queue when it is due (or it gets its final
+   error). A 503 with ``Retry-After`` is sent again after that long, costing no try.
+5. No answer at all is the peer's failure (:mod:`msgbusd.sending.health`): the peer is down, and from then on
+   it is sent nothing but a probe every second or two while its messages wait in the queue (the schedule
+   gives up those whose tries or lifetime run out). The first probe that gets an answer lets the whole
+   queue flow again at batch speed.
+
+At most ``workers`` peers send at once, and at most ``workers`` probe at once; the others wait for a turn.
+A peer's sender stops when its queue is empty and starts again when kicked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from msgbusd.errors import DeliveryError
+from msgbusd.identity.signing import Signer
+from msgbusd.reports.event_log import EventLog
+from msgbusd.reports.logs import about
+from msgbusd.reports.metrics import Metrics
+from msgbusd.reports.peer_activity import PeerActivityLog
+from msgbusd.sending.health import HealthState, PeerHealth, probe_backoff
+from msgbusd.sending.links import Links, send_envelopes
+from msgbusd.sending.peer_report import PeerReport
+from msgbusd.sending.posts import PostClient
+from msgbusd.sending.schedule import Schedule
+from msgbusd.sending.send_items import SendItem, SendItems
+from msgbusd.store.queues import Store
+from wire import event_schema as ev
+from wire.backoff import REDIS_RECONNECT, sleep_unless
+
+log = logging.getLogger("msgbusd.peers")
+
+# Entries sent at once at most.
+BATCH = 64
+# A sender with nothing to send stops after this long (a new one starts when something comes).
+IDLE_STOP_S = 30.0
+
+# Peers forgets a peer once it is up and idle: one it no longer holds is up.
+UP = HealthState("up")
+
+SpawnTask = Callable[[Coroutine[Any, Any, None], str], None]
+
+
+@dataclass
+class _Lane:
+    """A running sender's view of its queue.
+
+    ``fresh`` holds what was just accepted for the destination, ready to send, while ``trusted`` says it
+    mirrors the head of the Redis send queue exactly; then the sender sends from memory and only pops Redis
+    (checking the entries match). Anything unexpected makes the lane untrusted: it sends from Redis again
+    until the queue is empty.
+    """
+
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    fresh: deque[SendItem] = field(default_factory=deque)
+    trusted: bool = False
+    # Something was queued while untrusted: an empty read of Redis does not prove the lane is in step.
+    missed: bool = False
+    # While the peer is down: how many entries at the head of the queue have their give-up time written.
+    noted: int = 0
+    # The peer asked us to wait (503 with Retry-After) until this time (monotonic).
+    paused_until: float = 0.0
+
+    def distrust(self) -> None:
+        self.trusted = False
+        self.fresh.clear()
+
+
+class Peer:
+    """One destination twin: its health, its sender over its send queue, and how envelopes reach it."""
+
+    def __init__(self, twin: int, peers: Peers) -> None:
+        self.twin = twin
+        self.health = PeerHealth(peers.probes)
+        # The running sender's lane; None while no sender runs.
+        self.lane: _Lane | None = None
+        self._peers = peers
+        self._schedule = peers.schedule
+        self._store = peers.store
+
+    # --- the sender --------------------------------------------------------------------------------------
+
+    async def run(self, lane: _Lane) -> None:
+        """Send until the queue is empty (and stays so a while), or the daemon stops."""
+        redis_failures = 0
+        try:
+            while not self._peers.stopping.is_set():
+                lane.wake.clear()
+                try:
+                    if not await self._step(lane):
+                        return
+                    redis_failures = 0
+                except (RedisError, OSError) as exc:
+                    # The queue is in Redis: nothing is lost, the sender just waits for Redis to be back.
+                    lane.distrust()
+                    redis_failures += 1
+                    delay = REDIS_RECONNECT.delay_s(redis_failures)
+                    self._peers.metrics.error("redis")
+                    log.warning(
+                        "sender to twin %s: redis failed (%s); again in %.1fs",
+                        self.twin,
+                        exc,
+                        delay,
+                        extra=about(dst=self.twin),
+                    )
+                    await self._pause(delay)
+        finally:
+            self._peers.stopped(self, lane)
+
+    async def _step(self, lane: _Lane) -> bool:
+        """One turn of the sender; False when it should stop (idle long enough, or nothing left)."""
+        if self.health.is_down:
+            return await self._while_down(lane)
+        if lane.paused_until > time.monotonic():
+            lane.distrust()
+            await self._pause(lane.paused_until - time.monotonic())
+            return True
+        if lane.trusted and lane.fresh:
+            async with self._peers.turns:
+                await self._send_fresh(lane)
+        elif not lane.trusted:
+            lane.missed = False
+            async with self._peers.turns:
+                more = await self._send_some(lane)
+            if not more:
+                # Queue empty and nothing queued meanwhile: memory and Redis are in step.
+                lane.trusted = not lane.missed
+        else:
+            return await self._idle(lane)
+        return True
+
+    async def _idle(self, lane: _Lane) -> bool:
+        """Wait for more to send; False once the lane has been idle long enough, or the daemon stops."""
+        stopping = self._peers.stopping
+        woken = asyncio.ensure_future(lane.wake.wait())
+        stopped = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait([woken, stopped], timeout=IDLE_STOP_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+            stopped.cancel()
+        return not stopping.is_set() and (lane.wake.is_set() or bool(lane.fresh))
+
+    async def _send_fresh(self, lane: _Lane) -> None:
+        """Send what was just queued straight from memory; the Redis queue is popped, not read."""
+        items = [lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))]
+        entries = [item.entry for item in items]
+        done, replies = await self._deliver(lane, entries, items)
+        if done == len(entries):
+            if not await self._store.sent(self.twin, replies, exact=entries):
+                # The queue is not what memory says (another writer got in between): the Redis path sends
+                # from the queue again (receivers drop duplicates).
+                lane.distrust()
+            return
+        # Held messages: pop only what is certainly dealt with, and let the Redis path send the rest.
+        lane.distrust()
+        await self._store.sent(self.twin, replies, exact=entries[:done])
+
+    async def _send_some(self, lane: _Lane) -> bool:
+        """Send the next batch of the queue; False when the queue is empty."""
+        entries = await self._store.send_queue_heads(self.twin, BATCH)
+        if not entries:
+            return False
+        items = await self._peers.items.read(entries)
+        done, replies = await self._deliver(lane, entries, items) if items else (len(entries), [])
+        await self._store.sent(self.twin, replies, head=(entries[0], done))
+        return True
+
+    async def _deliver(self, lane: _Lane, entries: list[str], items: list[SendItem]) -> tuple[int, list[str]]:
+        """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue), and
+        the keys of the replies the peer took (to forget)."""
+        results = await self._send(items)
+        taken = [it for it, error in zip(items, results, strict=True) if error is None]
+        replies = self._peers.count_sent(taken)
+        self._note(results, any_taken=bool(taken))
+        for index, (item, error) in enumerate(zip(items, results, strict=True)):
+            if error is None:
+                continue
+            if error.retry_after_s is not None:
+                log.info(
+                    "twin %s cannot take messages now (%s); sending again in %.1fs",
+                    self.twin,
+                    error.cause,
+                    error.retry_after_s,
+                    extra=about(dst=self.twin),
+                )
+                lane.paused_until = time.monotonic() + error.retry_after_s
+                return entries.index(item.entry), replies
+            if error.offline:
+                self._went_down(error)
+                if not self._schedule.hold_offline:
+                    attempted = [
+                        it for it, e in zip(items[index:], results[index:], strict=True) if e and e.attempted
+                    ]
+                    await self._schedule.failed_while_offline(attempted, error.cause)
+                return entries.index(item.entry), replies
+            await self._schedule.refused(item, error.cause, final=error.final)
+        return len(entries), replies
+
+    # --- the wire ----------------------------------------------------------------------------------------
+
+    async def _send(self, items: list[SendItem]) -> list[DeliveryError | None]:
+        """Stamp, sign and send ``items`` over the link, else in POSTs; one result per item (None: the peer
+        has it). Each attempt goes to the event log."""
+        peers = self._peers
+        started_at, started = peers.clock(), time.perf_counter()
+        signed = [(item.path, peers.sign(item)) for item in items]
+        results = await self._transmit(signed, replies_only=not any(item.is_request for item in items))
+        duration_us = int((time.perf_counter() - started) * 1_000_000)
+        for item, error in zip(items, results, strict=True):
+            if error is not None and not error.attempted:
+                continue
+            if error is not None:
+                peers.metrics.error(error.kind)
+            peers.record_attempt(item, error, started_at, duration_us)
+        return results
+
+    def _note(self, results: list[DeliveryError | None], *, any_taken: bool) -> None:
+        activity = self._peers.activity
+        if any_taken:
+            activity.sent(self.twin)
+        failures = [error for error in results if error is not None]
+        if failures:
+            activity.failed(self.twin, failures[-1].cause)
+
+    async def _transmit(
+        self, signed: Sequence[tuple[str, bytes]], *, replies_only: bool
+    ) -> list[DeliveryError | None]:
+        links = self._peers.links
+        if links is not None:
+            try:
+                link = await links.link_to(self.twin, replies_only=replies_only)
+            except DeliveryError as exc:
+                return [exc] * len(signed)
+            if link is not None:
+                started = time.perf_counter()
+                results = await send_envelopes(link, signed, links.timeout_s)
+                self._peers.metrics.observe_send("link", time.perf_counter() - started)
+                return results
+        return await self._peers.posts.send_many(self.twin, signed)
+
+    # --- a peer that is down -----------------------------------------------------------------------------
+
+    async def _while_down(self, lane: _Lane) -> bool:
+        """Wait for the next probe and make it; while the peer stays down, give up what waited long enough.
+        False once nothing is left waiting for the peer."""
+        lane.distrust()
+        await self._pause(self.health.seconds_until_probe())
+        if self._peers.stopping.is_set():
+            return False
+        # Probes have turns of their own: a probe of a site that swallows packets waits out its timeout, and
+        # peers that are down must not hold back the sends to the others.
+        async with self._peers.probe_turns:
+            error = await self._peers.posts.probe(self.twin)
+            self._peers.metrics.message("probed")
+        if error is not None:
+            self._peers.activity.failed(self.twin, error.cause)
+        if error is not None and error.retry_after_s is not None:
+            # Up, but its Redis is away: no attempt failed, nothing gives up.
+            self.health.busy(error.retry_after_s)
+            return True
+        async with self._peers.turns:
+            if error is None:
+                await self._back(lane)
+                return True
+            self._went_down(error)
+            schedule = self._schedule
+            lane.noted = await schedule.note(self.twin, lane.noted)
+            await schedule.give_up_due(self.twin, f"twin {self.twin} is unreachable ({self.health.cause})")
+            lane.noted = max(0, lane.noted - await schedule.trim(self.twin, BATCH))
+            return await self._store.send_queue_length(self.twin) > 0
+
+    async def _back(self, lane: _Lane) -> None:
+        down_s = self.health.answered()
+        await self._schedule.forget(self.twin)
+        lane.noted = 0
+        if down_s is not None:
+            log.warning(
+                "twin %s answers again after %.1fs; sending the %d message(s) waiting for it",
+                self.twin,
+                down_s,
+                await self._store.send_queue_length(self.twin),
+                extra=about(dst=self.twin),
+            )
+
+    def _went_down(self, error: DeliveryError) -> None:
+        if self.health.unreachable(error.cause):
+            log.warning(
+                "holding messages to twin %s while it is unreachable: %s; probing it every second or two",
+                self.twin,
+                error.cause,
+                extra=about(dst=self.twin),
+            )
+
+    async def _pause(self, delay_s: float) -> None:
+        """Wait ``delay_s``, or until the daemon stops."""
+        await sleep_unless(self._peers.stopping, max(delay_s, 0.01))
+
+
+class Peers:
+    """The peers this site sends to, each with a sender while it has something to send."""
+
+    def __init__(
+        self,
+        store: Store,
+        items: SendItems,
+        schedule: Schedule,
+        posts: PostClient,
+        signer: Signer,
+        spawn: SpawnTask,
+        stopping: asyncio.Event,
+        *,
+        links: Links | None = None,
+        probe_s: float = 1.0,
+        workers: int = 1000,
+        clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
+        events: EventLog | None = None,
+    ) -> None:
+        self.store = store
+        self.items = items
+        self.schedule = schedule
+        self.posts = posts
+        self.links = links
+        self.stopping = stopping
+        self.probes = probe_backoff(probe_s)
+        self.turns = asyncio.Semaphore(workers)
+        self.probe_turns = asyncio.Semaphore(workers)
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self._events = events or EventLog(None, 0)
+        self.activity = PeerActivityLog(clock=clock)
+        self._signer = signer
+        self._spawn = spawn
+        # Peers with a sender, and peers that are down (their state outlives their sender).
+        self._peers: dict[int, Peer] = {}
+
+    def down_count(self) -> int:
+        """How many peers are down."""
+        return sum(1 for peer in self._peers.values() if peer.health.is_down)
+
+    def report(self, active_within_s: float) -> list[PeerReport]:
+        """Every peer that is down, has a sender, or was sent to or failed within ``active_within_s``."""
+        now = self.clock()
+        activity = self.activity.active_since(now - active_within_s)
+        reports = []
+        for twin in sorted(self._peers.keys() | activity.keys()):
+            peer = self._peers.get(twin)
+            health = peer.health.state() if peer is not None else UP
+            reports.append(PeerReport.of(twin, health, activity.get(twin), now))
+        return reports
+
+    def kick_all(self, ready: Mapping[int, Sequence[SendItem] | None]) -> None:
+        """:meth:`kick` each destination of ``ready``."""
+        for dst, items in ready.items():
+            self.kick(dst, items)
+
+    def kick(self, dst: int, items: Sequence[SendItem] | None = None) -> None:
+        """``items`` were just queued for ``dst`` (None: something was, not known what): wake its sender,
+        handing them over, or start one."""
+        peer = self._peers.get(dst)
+        if peer is None:
+            peer = self._peers[dst] = Peer(dst, self)
+        lane = peer.lane
+        if lane is None:
+            if self.stopping.is_set():
+                return
+            lane = peer.lane = _Lane()
+            self._spawn(peer.run(lane), f"sender to twin {dst}")
+        if items is None:
+            lane.distrust()
+            lane.missed = True
+        elif lane.trusted:
+            lane.fresh.extend(items)
+        elif items:
+            lane.missed = True
+        lane.wake.set()
+
+    async def resume(self) -> None:
+        """Start a sender for every destination a previous run left messages for; each probes its peer
+        before it sends."""
+        for dst in await self.store.pending_destinations():
+            peer = self._peers.setdefault(dst, Peer(dst, self))
+            peer.health.unknown()
+            self.kick(dst)
+
+    def stopped(self, peer: Peer, lane: _Lane) -> None:
+        """``peer``'s sender ended; a peer that is up is forgotten until it has something to send."""
+        if peer.lane is lane:
+            peer.lane = None
+            if not peer.health.is_down and self._peers.get(peer.twin) is peer:
+                del self._peers[peer.twin]
+
+    def sign(self, item: SendItem) -> bytes:
+        """``item``'s envelope as it goes on the wire now: stamped with the time, signed, encoded."""
+        return self._signer.sign(item.envelope.replace(now=int(self.clock()))).encode()
+
+    def count_sent(self, items: list[SendItem]) -> list[str]:
+        """The peer has these: count them; returns the keys of the replies among them, for the sender to
+        forget (requests now wait for their reply)."""
+        replies = [item.reply_key for item in items if not item.is_request]
+        if replies:
+            self.metrics.message("reply_sent", len(replies))
+        if len(replies) < len(items):
+            self.metrics.message("sent", len(items) - len(replies))
+        if log.isEnabledFor(logging.DEBUG):
+            for item in items:
+                env = item.envelope
+                log.debug(
+                    "sent %s to twin %s",
+                    item.entry,
+                    env.dst[0],
+                    extra=about(uid=env.uid, cmd=env.cmd, dst=env.dst[0]),
+                )
+        return replies
+
+    def record_attempt(
+        self, item: SendItem, error: DeliveryError | None, started_at: float, duration_us: int
+    ) -> None:
+        """The event log's line for one send of a request or a reply (``item.envelope`` went on the wire)."""
+        if not self._events.enabled:
+            return
+        env = item.envelope
+        if item.original is not None:
+            attempt = item.original.retries - env.retries + 1
+            event = ev.SENT if error is None else ev.SEND_FAILED
+            direction: dict[str, int] = {}
+        else:
+            attempt = int((item.state or {}).get("attempts", 0)) + 1
+            event = ev.REPLY_SENT if error is None else ev.REPLY_FAILED
+            # Events name the request's direction; a reply travels the other way.
+            direction = {"src": env.dst[0], "dst": env.src}
+        self._events.emit(
+            event,
+            env,
+            at=started_at,
+            attempt=attempt,
+            duration_us=duration_us,
+            status=200 if error is None else None,
+            error=error.cause if error else None,
+            **direction,
+        )

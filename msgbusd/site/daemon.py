@@ -1,0 +1,472 @@
+"""The site daemon: one consumer per system queue, the retry and expiry timers, and the HTTP door.
+
+Shutdown: the first SIGTERM/SIGINT stops popping and closing the door, gives in-flight items
+``drain_grace_s`` to finish, and leaves the rest in the processing lists for the next start; a second
+signal stops at once. Nothing is lost either way: unfinished items are still in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+from starlette.routing import Route
+
+from msgbusd.door.handlers import Handlers
+from msgbusd.door.http_api import Door, answer_link_frame, create_app, loopback_only
+from msgbusd.door.rate_limit import TokenBuckets
+from msgbusd.errors import StartupError
+from msgbusd.identity.signing import Signer
+from msgbusd.reports.event_log import EventLog
+from msgbusd.reports.metrics import Metrics, healthz_endpoint, metrics_endpoint
+from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.links import Links
+from msgbusd.sending.peers import Peers
+from msgbusd.sending.posts import PostClient
+from msgbusd.sending.schedule import CLAIM_BATCH, Schedule
+from msgbusd.sending.send_items import SendItems
+from msgbusd.site.companions import Companion, SiteHandle
+from msgbusd.site.inflight import InFlight
+from msgbusd.site.serving import QuietServer, bind_socket, server
+from msgbusd.site.settings import Settings
+from msgbusd.site.status import STATUS_TIMEOUT_S, StatusEndpoint, StatusReport
+from msgbusd.store.queues import Store
+from twin_resolver.base import Resolver
+from twin_resolver.cache import CachedResolver
+from wire import keys
+from wire.backoff import Backoff, sleep_unless
+from wire.envelope import envelope_size_limit
+from wire.reliable_list import ReliableList, consume_in_order
+
+log = logging.getLogger("msgbusd")
+
+# A probe of a peer that does not answer waits at most this long (or --send-timeout, if shorter).
+PROBE_TIMEOUT_S = 5.0
+# Keep-alive connections to one peer site at most.
+PEER_CONNECTIONS = 8
+# Items taken from a queue in one go at most.
+POP_BATCH = 64
+# The health check's ping of Redis: an answer is due well within the callers' own timeouts.
+REDIS_PING_TIMEOUT_S = 1.0
+
+
+@dataclass
+class Site:
+    """Everything a running daemon holds, built by :func:`open_site`."""
+
+    settings: Settings
+    twin: int
+    redis: aioredis.Redis
+    # The HTTP door's own connections: a burst of peers' messages cannot take the daemon's.
+    door_redis: aioredis.Redis
+    http: HttpClients
+    store: Store
+    signer: Signer
+    clock: Callable[[], float]
+    metrics: Metrics
+    events: EventLog
+    inflight: InFlight
+    # What leaves this site: send-queue entries read into envelopes, the retry schedule, and the peers,
+    # which send over links to other msgbus sites (None: --no-links) or with POSTs.
+    items: SendItems
+    schedule: Schedule
+    posts: PostClient
+    links: Links | None
+    peers: Peers
+    # What arrives: the items of the system queues, and the HTTP door for other sites.
+    handlers: Handlers
+    door: Door
+
+
+# A Redis host that vanishes without closing the connection is noticed within about 25 s.
+REDIS_KEEPALIVE = {socket.TCP_KEEPIDLE: 10, socket.TCP_KEEPINTVL: 5, socket.TCP_KEEPCNT: 3}
+
+
+def open_redis(settings: Settings, max_connections: int, wait_s: float | None = None) -> aioredis.Redis:
+    """A Redis client of the daemon with at most ``max_connections``; when all are in use, a command waits
+    for one (up to ``wait_s``, None: as long as it takes) instead of failing with "Too many connections".
+
+    No socket timeout: redis-py would wrap every command in a timer (a third of its cost per command), and
+    blocking pops would need their own; TCP keepalive finds a dead host, and /healthz (its ping has a
+    deadline) reports a Redis that stopped answering."""
+    options: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": 5}
+    options["health_check_interval"] = 30
+    if not settings.redis_url.startswith("unix:"):
+        options |= {"socket_keepalive": True, "socket_keepalive_options": REDIS_KEEPALIVE}
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=max_connections, timeout=wait_s, **options
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def open_http(settings: Settings) -> HttpClients:
+    """The keep-alive HTTP client to other sites (each destination's sender uses one connection at a time;
+    replies and probes may use a second)."""
+    return HttpClients(settings.send_timeout_s, per_origin=PEER_CONNECTIONS)
+
+
+class Daemon:
+    def __init__(self, site: Site, sock: socket.socket) -> None:
+        self.site = site
+        self._sock = sock
+        self._stopping = site.inflight.stopping
+        self._server: QuietServer | None = None
+        self.ready = asyncio.Event()
+        # When each loop last went round; /healthz reports a loop that stopped turning.
+        self._heartbeats: dict[str, float] = {}
+        self._started_at = time.time()
+        # More work of this site (its companions), run until the daemon stops.
+        self.companions: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
+
+    async def _refresh_metrics(self) -> None:
+        site = self.site
+        site.metrics.set_queue_lengths(await site.store.depths())
+        site.metrics.set_overdue(await site.store.overdue(site.clock()))
+        site.metrics.set_inflight(len(site.inflight))
+        site.metrics.set_peers_down(site.peers.down_count())
+        site.metrics.set_links_open(site.links.open_count() if site.links is not None else 0)
+
+    async def _health(self) -> dict[str, object]:
+        return {
+            "problems": await self._problems(),
+            "twin": self.site.twin,
+            "inflight": len(self.site.inflight),
+        }
+
+    async def _problems(self) -> list[str]:
+        problems: list[str] = []
+        try:
+            async with asyncio.timeout(REDIS_PING_TIMEOUT_S):
+                await self.site.redis.ping()
+        except TimeoutError:
+            problems.append(f"redis unreachable: no answer within {REDIS_PING_TIMEOUT_S:g}s")
+        except (RedisError, OSError) as exc:
+            problems.append(f"redis unreachable: {exc}")
+        now = time.monotonic()
+        stale_s = 3 * self.site.settings.pop_block_s + 5
+        for loop, beat in sorted(self._heartbeats.items()):
+            if now - beat > stale_s:
+                problems.append(f"loop {loop} has not run for {now - beat:.0f}s")
+        return problems
+
+    def _status_report(self) -> StatusReport:
+        site = self.site
+        return StatusReport(
+            twin=site.twin,
+            peers=site.peers,
+            links=site.links,
+            inflight=lambda: len(site.inflight),
+            traffic=site.metrics.recent,
+            problems=self._problems,
+            started_at=self._started_at,
+        )
+
+    def _beat(self, loop: str) -> None:
+        self._heartbeats[loop] = time.monotonic()
+
+    def stop(self) -> None:
+        """First call drains; a second aborts."""
+        if self._stopping.is_set():
+            log.warning("second stop signal: aborting; unfinished items stay queued for the next start")
+            self.site.inflight.abort.set()
+        else:
+            log.info("stopping: draining in-flight work (up to %.0fs)", self.site.settings.drain_grace_s)
+            self._stopping.set()
+        if self._server is not None:
+            self._server.should_exit = True
+
+    async def run(self) -> None:
+        site = self.site
+        settings = site.settings
+        await site.redis.set(keys.SITE_TWIN, site.twin)
+        self._server = server(
+            create_app(
+                site.door,
+                [
+                    Route("/metrics", loopback_only(metrics_endpoint(site.metrics, self._refresh_metrics))),
+                    Route("/healthz", loopback_only(healthz_endpoint(self._health))),
+                    Route("/status", loopback_only(StatusEndpoint(self._status_report(), STATUS_TIMEOUT_S))),
+                ],
+                site.links,
+            ),
+            settings.drain_grace_s,
+            # A link carries a whole batch in one message; pings find a link that stalled.
+            ws_max_size=site.door.max_message_bytes + 4096,
+            ws_ping_interval=settings.link_ping_s,
+            ws_ping_timeout=2 * settings.link_ping_s,
+            ws_per_message_deflate=False,
+        )
+        handlers = site.handlers
+        await site.peers.resume()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._consume(keys.LOCAL, handlers.local), name="consume local")
+            group.create_task(self._consume(keys.REMOTE, handlers.remote), name="consume remote")
+            group.create_task(self._consume(keys.REPLY, handlers.reply), name="consume reply")
+            group.create_task(self._timers(), name="timers")
+            group.create_task(site.events.run(self._stopping), name="event log")
+            group.create_task(self._server.serve(sockets=[self._sock]), name="http")
+            group.create_task(self._announce_ready(), name="ready")
+            for companion in self.companions:
+                group.create_task(
+                    companion(self._stopping), name=getattr(companion, "__qualname__", "companion")
+                )
+            await self._stopping.wait()
+        await self._drain()
+
+    async def _announce_ready(self) -> None:
+        while self._server is not None and not self._server.started:
+            if self._stopping.is_set():
+                return
+            await asyncio.sleep(0.01)
+        log.info(
+            "msgbusd ready: twin %s, listening on %s:%s, redis %s",
+            self.site.twin,
+            self.site.settings.listen_host,
+            self.site.settings.listen_port,
+            _redacted(self.site.settings.redis_url),
+        )
+        self.ready.set()
+
+    async def _drain(self) -> None:
+        await self.site.inflight.finish(self.site.settings.drain_grace_s)
+        # Items whose hand-off did not complete go back to the head of their queues right away.
+        for queue in keys.SYSTEM_QUEUES:
+            with contextlib.suppress(RedisError):
+                await self._system_list(queue).take_back()
+
+    def _system_list(self, queue: str) -> ReliableList:
+        return ReliableList(self.site.redis, queue, keys.processing(queue), oldest="LEFT")
+
+    async def _consume(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
+        """Take a system queue in batches, one batch after the other: requests reach each destination in
+        push order, and every batch is a few pipelined round trips to Redis."""
+
+        async def counted(batch: list[bytes]) -> None:
+            try:
+                await handle(batch)
+            except RedisError:
+                self.site.metrics.error("redis")
+                raise
+
+        await consume_in_order(
+            self._system_list(queue),
+            counted,
+            self._stopping,
+            batch=POP_BATCH,
+            block_s=self.site.settings.pop_block_s,
+            turned=functools.partial(self._beat, queue),
+        )
+
+    async def _timers(self) -> None:
+        schedule = self.site.schedule
+        settings = self.site.settings
+        while not self._stopping.is_set():
+            self._beat("timers")
+            try:
+                # Re-sends go back to their destinations' senders, which send them in batches.
+                destinations, more_due = await schedule.release_due()
+                for dst in destinations:
+                    self.site.peers.kick(dst)
+                expired = await schedule.expire_due() == CLAIM_BATCH
+                if more_due or expired:
+                    continue  # more is due: go on without waiting for the next tick
+            except (RedisError, OSError) as exc:
+                self.site.metrics.error("redis")
+                log.error("retry/expiry timer: redis failed (%s)", exc)
+            await sleep_unless(self._stopping, settings.tick_s)
+
+
+def _redacted(url: str) -> str:
+    head, sep, tail = url.rpartition("@")
+    if not sep:
+        return url
+    scheme, _, _credentials = head.partition("://")
+    return f"{scheme}://***@{tail}"
+
+
+async def open_site(
+    settings: Settings, signer: Signer, resolver: Resolver, clock: Callable[[], float] = time.time
+) -> Site:
+    """Connect to Redis, find our twin id, and make the parts of the site, each from the ones before it."""
+    redis = open_redis(settings, settings.redis_connections)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        await redis.aclose()
+        raise StartupError(f"cannot connect to Redis at {_redacted(settings.redis_url)}: {exc}") from exc
+    twin = settings.twin
+    if twin is None:
+        from twin_resolver.accounts import ss58_encode
+        from twin_resolver.base import ResolverError
+
+        try:
+            twin = await resolver.twin_id_by_public_key(signer.public_key)
+        except ResolverError as exc:
+            await redis.aclose()
+            raise StartupError(
+                f"no twin found for this key ({ss58_encode(signer.public_key)}): {exc}; pass --twin N"
+            ) from exc
+    metrics = Metrics()
+    if isinstance(resolver, CachedResolver):
+        metrics.watch_twin_cache(resolver.stats)
+    events = EventLog(
+        settings.event_log_dir,
+        twin,
+        max_bytes=settings.event_log_max_bytes,
+        rotate_s=settings.event_log_rotate_s,
+        clock=clock,
+    )
+    inflight = InFlight(metrics)
+    store = Store(redis)
+    http = open_http(settings)
+    # --max-message-size is the largest payload: HTTP bodies carry it base64-encoded in an envelope.
+    max_body_bytes = envelope_size_limit(settings.max_message_bytes)
+
+    items = SendItems(store, twin)
+    schedule = Schedule(
+        store,
+        items,
+        backoff=Backoff(settings.retry_delay_s, settings.retry_max_delay_s),
+        hold_offline=settings.hold_offline,
+        clock=clock,
+        metrics=metrics,
+        events=events,
+    )
+    posts = PostClient(
+        http,
+        resolver,
+        clock,
+        metrics,
+        max_batch_bytes=max_body_bytes,
+        probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
+    )
+
+    # The one part used before it is made: the door (below) answers what peers send over links. It hands
+    # replies to the handlers, which wake the peers, which send over the links.
+    async def answer_on_link(peer: int, messages: list[object]) -> list[dict[str, object]]:
+        return await answer_link_frame(door, peer, messages)
+
+    links = None
+    if settings.links:
+        links = Links(
+            twin,
+            signer,
+            resolver,
+            http,
+            answer_on_link,
+            timeout_s=settings.send_timeout_s,
+            ping_s=settings.link_ping_s,
+            max_frame_bytes=max_body_bytes,
+        )
+    peers = Peers(
+        store,
+        items,
+        schedule,
+        posts,
+        signer,
+        inflight.spawn,
+        inflight.stopping,
+        links=links,
+        probe_s=settings.probe_interval_s,
+        workers=settings.workers,
+        clock=clock,
+        metrics=metrics,
+        events=events,
+    )
+
+    handlers = Handlers(store, items, twin, peers.kick_all, clock, metrics, events)
+    door_redis = open_redis(settings, settings.redis_connections, wait_s=settings.door_redis_wait_s)
+    door = Door(
+        Store(door_redis),
+        resolver,
+        signer,
+        settings.freshness_s,
+        clock,
+        metrics,
+        twin,
+        deliver_replies=handlers.deliver_from_peers,
+        events=events,
+        max_message_bytes=max_body_bytes,
+        rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
+    )
+    return Site(
+        settings=settings,
+        twin=twin,
+        redis=redis,
+        door_redis=door_redis,
+        http=http,
+        store=store,
+        signer=signer,
+        clock=clock,
+        metrics=metrics,
+        events=events,
+        inflight=inflight,
+        items=items,
+        schedule=schedule,
+        posts=posts,
+        links=links,
+        peers=peers,
+        handlers=handlers,
+        door=door,
+    )
+
+
+async def close_site(site: Site) -> None:
+    if site.links is not None:
+        await site.links.aclose()
+    site.events.close()
+    await site.http.aclose()
+    await site.door_redis.aclose()
+    await site.redis.aclose()
+
+
+async def serve(
+    settings: Settings, signer: Signer, resolver: Resolver, companions: Sequence[Companion] = ()
+) -> None:
+    """Run a site, and the ``companions`` beside it, until stopped by a signal. Raises
+    :class:`StartupError` for operator mistakes."""
+    sock = bind_socket(settings.listen_host, settings.listen_port)
+    try:
+        site = await open_site(settings, signer, resolver)
+    except BaseException:
+        sock.close()
+        for companion in companions:
+            await companion.aclose()
+        raise
+    daemon = Daemon(site, sock)
+    handle = SiteHandle(
+        twin=site.twin,
+        resolver=resolver,
+        metrics=site.metrics,
+        submit=site.handlers.submit,
+        withdraw=site.store.withdraw,
+        open_redis=functools.partial(open_redis, settings),
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        for companion in companions:
+            companion.attach(handle)
+            daemon.companions.append(companion.run)
+        if settings.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, daemon.stop)
+        await daemon.run()
+    finally:
+        if settings.handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        sock.close()
+        for companion in companions:
+            await companion.aclose()
+        await close_site(site)
+        log.info("msgbusd stopped")

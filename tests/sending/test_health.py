@@ -1,0 +1,56 @@
+"""A peer's state: down after a send with no answer, probed at once and then every second or two, up again
+at the first answer."""
+
+from __future__ import annotations
+
+from msgbusd.sending.health import PeerHealth, probe_backoff
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_peer_that_does_not_answer_is_probed_at_once_then_every_second_or_two() -> None:
+    clock = Clock()
+    health = PeerHealth(probe_backoff(1.0), clock=clock)
+    assert not health.is_down
+    assert health.unreachable("connection refused") is True
+    assert health.is_down
+    assert health.seconds_until_probe() == 0.0
+    # The probe fails: the next one is 1 to 1.2 s away, then 2 to 2.4 s, never more.
+    assert health.unreachable("connection refused again") is False
+    assert 1.0 <= health.seconds_until_probe() <= 1.2
+    for _ in range(5):
+        health.unreachable("still refused")
+        assert 2.0 <= health.seconds_until_probe() <= 2.4
+    assert health.cause == "still refused"
+    clock.now += 30
+    assert health.answered() == 30.0
+    assert not health.is_down
+    assert health.answered() is None
+
+
+def test_a_peer_not_known_yet_is_probed_first_and_only_reported_once_seen_down() -> None:
+    clock = Clock()
+    health = PeerHealth(probe_backoff(1.0), clock=clock)
+    health.unknown()
+    assert health.is_down and health.seconds_until_probe() == 0.0
+    assert health.answered() is None  # it answered the first probe: it never was down
+    health.unknown()
+    clock.now += 5
+    assert health.unreachable("timeout") is True  # the first probe failed: now it is seen down
+    assert health.seconds_until_probe() >= 1.0
+    clock.now += 4
+    assert health.answered() == 4.0
+
+
+def test_a_busy_peer_is_probed_again_after_its_retry_after() -> None:
+    clock = Clock()
+    health = PeerHealth(probe_backoff(1.0), clock=clock)
+    health.unreachable("503")
+    health.busy(7.0)
+    assert health.seconds_until_probe() == 7.0
