@@ -36,10 +36,14 @@ format: venv
 
 # Each test module runs whole on one of TEST_WORKERS workers: most of the suite's time is spent waiting
 # (for peers that are down, for retries, for processes to start), so more workers than cores pay off.
+# The fault scenarios run after the rest, on FAULT_WORKERS: they measure how soon the bus recovers, which
+# the Spark tests' JVMs, sharing the same cores, would measure instead.
 TEST_WORKERS ?= 4
+FAULT_WORKERS ?= 2
 
 test: setup lint
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m "not faults" --durations 10
+	$(BIN)/pytest -n $(FAULT_WORKERS) --dist loadscope -m faults --durations 5
 
 # The unit tier: nothing but the shared redis-server is started (under 30 s).
 test-fast: setup
@@ -48,7 +52,7 @@ test-fast: setup
 # The fault scenarios alone, with their figures as a table (for docs/reliability.md).
 faults: setup
 	rm -f .fault-report.jsonl
-	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest tests/faults tests/router/test_faults.py -p no:cacheprovider
+	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest -m faults -p no:cacheprovider
 	$(BIN)/python -m tests.faults.report .fault-report.jsonl
 
 # The benchmark sweep (two sites on this machine, msgbus against a no-logic floor); see docs/benchmarks.md.

@@ -35,7 +35,8 @@ from testing.local_sites import wait_until
 from wire import keys
 from wire.envelope import Envelope
 
-pytestmark = pytest.mark.timeout(180)
+# A hang guard: 3,000 inputs take over three minutes on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(420)
 
 FUZZ_EXAMPLES = 3000
 

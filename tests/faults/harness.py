@@ -38,6 +38,9 @@ if redis.call('SET', KEYS[1], '1', 'NX') then return redis.call('RPUSH', KEYS[2]
 return 0
 """
 DAEMON_ARGS = ["--retry-delay", "0.1", "--retry-max-delay", "1", "--send-timeout", "3", "--drain-grace", "2"]
+# A request's tries: with those delays, about 17 s of re-sends, more than a killed daemon takes to start
+# again on a loaded 2-core machine (10 tries, about 7 s, gave up on a receiver that was slower than that).
+TRIES = 20
 
 
 @dataclass
@@ -98,7 +101,7 @@ class FaultRun:
         daemon_args: tuple[str, ...] = (),
         redis_appendonly: bool = False,
         exp_s: int = 180,
-        retries: int = 10,
+        retries: int = TRIES,
     ) -> None:
         self.exp_s = exp_s
         self.retries = retries

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from testing.local_sites import wait_until
-from tests.faults.harness import RECEIVERS, FaultRun, Report, serving
+from tests.faults.harness import RECEIVERS, TRIES, FaultRun, Report, serving
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(400)]
 
 REQUESTS = 5000
 EXPECTED = REQUESTS * len(RECEIVERS)
@@ -42,7 +42,7 @@ def at_progress(run: FaultRun, share: float) -> None:
 
 @contextmanager
 def fault_run(
-    daemon_args: tuple[str, ...] = (), redis_appendonly: bool = False, retries: int = 10
+    daemon_args: tuple[str, ...] = (), redis_appendonly: bool = False, retries: int = TRIES
 ) -> Iterator[FaultRun]:
     run = FaultRun(daemon_args=daemon_args, redis_appendonly=redis_appendonly, retries=retries)
     try:

@@ -29,7 +29,7 @@ from tests.faults.recovery import (
     record,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
 # Once the fault is over, the last answer must come within this.
 RECOVERY_LIMIT_S = 10.0

@@ -34,7 +34,7 @@ from tests.support.tcp_proxy import TcpProxy
 from wire import keys as bus_keys
 from wire.envelope import Envelope
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(150)]
 
 REST_MESSAGES = 200
 EDGE_EVENTS = 50
