@@ -93,13 +93,19 @@ class Processes:
 
 
 @contextmanager
-def msgbus_sites(key_type: str, extra_args: list[str]) -> Iterator[tuple[list[str], dict[str, int]]]:
-    cluster = LocalCluster(size=2, key_type=key_type, extra_args=["--log-level", "info", *extra_args]).start()
+def msgbus_sites(
+    key_type: str, extra_args: list[str], processes: int = 1
+) -> Iterator[tuple[list[str], dict[str, int]]]:
+    cluster = LocalCluster(
+        size=2, key_type=key_type, extra_args=["--log-level", "info", *extra_args], processes=processes
+    ).start()
     try:
         pids = {}
         for site, redis in zip(cluster.sites, cluster.redis, strict=True):
-            assert site.process is not None and redis.process is not None
-            pids[f"msgbusd{site.twin}"] = site.process.pid
+            assert redis.process is not None
+            for number, process in enumerate(cluster.processes_of(site.twin), start=1):
+                assert process.process is not None
+                pids[f"msgbusd{site.twin}" + (f".{number}" if processes > 1 else "")] = process.process.pid
             pids[f"redis{site.twin}"] = redis.process.pid
         yield [r.url for r in cluster.redis], pids
     finally:
@@ -213,13 +219,17 @@ def run_case(
     system = "msgbus" if links else "msgbus, POSTs"
     if floor or event_log:
         system = "floor" if floor else "msgbus + event log"
+    processes = getattr(args, "processes", 1)
+    if processes > 1 and not floor:
+        system += f", {processes} processes per site"
     return {"system": system, "clients": clients, "payload_bytes": payload, "fanout": fanout, **row}
 
 
 def _run_sites(
     args: argparse.Namespace, load: Load, floor: bool, daemon_args: list[str]
 ) -> dict[str, object]:
-    sites = floor_sites() if floor else msgbus_sites(args.key_type, daemon_args)
+    processes = getattr(args, "processes", 1)
+    sites = floor_sites() if floor else msgbus_sites(args.key_type, daemon_args, processes)
     with sites as (redis_urls, pids):
         command = [sys.executable, "-m", "bench.echo_service", redis_urls[1], CMD, str(args.workers)]
         service = subprocess.Popen(command)
@@ -246,6 +256,7 @@ def main() -> None:
     parser.add_argument("--key-type", default="ed25519")
     parser.add_argument("--floor", action="store_true", help="also measure the no-logic floor")
     parser.add_argument("--daemon-arg", action="append", help="extra msgbusd flag (repeatable)")
+    parser.add_argument("--processes", type=int, default=1, help="msgbusd processes per site (--reuse-port)")
     args = parser.parse_args()
     for payload in (int(p) for p in args.payload.split(",")):
         for clients in (int(c) for c in args.clients.split(",")):

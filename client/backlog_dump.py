@@ -136,8 +136,11 @@ class _Snapshot:
             )
 
     def _queued(self) -> Iterator[dict[str, Any]]:
+        instances = [
+            n.decode() if isinstance(n, bytes) else str(n) for n in self._redis.zrange(keys.INSTANCES, 0, -1)
+        ]
         for queue in keys.SYSTEM_QUEUES:
-            for name in (queue, keys.processing(queue)):
+            for name in (queue, *keys.processing_lists(queue, instances)):
                 for raw in self._redis.lrange(name, 0, -1):
                     env = _envelope(raw)
                     yield self._entry(

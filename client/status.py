@@ -42,6 +42,16 @@ end
 return lengths
 """
 
+# Items the daemon's instances took from a system queue and have not finished handing off, counted over
+# every instance's processing list. KEYS: instances. ARGV: the queue.
+_PROCESSING_LENGTH = """
+local total = redis.call('LLEN', ARGV[1] .. '.processing')
+for _, instance in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  total = total + redis.call('LLEN', ARGV[1] .. '.processing.' .. instance)
+end
+return total
+"""
+
 
 @dataclass(frozen=True)
 class QueueDepth:
@@ -170,7 +180,7 @@ def read_redis(redis_url: str, now: float, timeout_s: float = DEFAULT_TIMEOUT_S)
         pipe.info("memory")
         for queue in keys.SYSTEM_QUEUES:
             pipe.llen(queue)
-            pipe.llen(keys.processing(queue))
+            pipe.eval(_PROCESSING_LENGTH, 1, keys.INSTANCES, queue)
         pipe.hlen(keys.BACKLOG)
         pipe.hlen(keys.REPLIES)
         pipe.zcard(keys.OUTBOX)

@@ -513,7 +513,11 @@ def fuzz(target: FuzzTarget, examples: int, huge_bytes: int = 1 << 20) -> Figure
 
 def settled(conn: redis.Redis) -> bool:
     """No system queue holds work still to be routed."""
-    queues = [*keys.SYSTEM_QUEUES, *(keys.processing(q) for q in keys.SYSTEM_QUEUES)]
+    instances = [n.decode() if isinstance(n, bytes) else str(n) for n in conn.zrange(keys.INSTANCES, 0, -1)]
+    queues = [
+        *keys.SYSTEM_QUEUES,
+        *(p for q in keys.SYSTEM_QUEUES for p in keys.processing_lists(q, instances)),
+    ]
     return all(conn.llen(queue) == 0 for queue in queues)
 
 

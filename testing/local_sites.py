@@ -6,6 +6,7 @@ connections, the daemon's ready line), never on fixed sleeps, and cleans up afte
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -281,9 +282,13 @@ class LocalCluster:
     redis_tls: bool = False
     # Names of the sites in the twin map, in order (default: site-1, site-2, ...).
     names: Sequence[str] = ()
+    # msgbusd processes per site; more than one share the site's port (--reuse-port).
+    processes: int = 1
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-cluster-")))
     redis: list[RedisProcess] = field(default_factory=list)
     sites: list[SiteProcess] = field(default_factory=list)
+    # The other processes of each site (with ``processes`` > 1), by twin; ``sites`` holds the first.
+    siblings: dict[int, list[SiteProcess]] = field(default_factory=dict)
 
     @property
     def twins_file(self) -> Path:
@@ -301,17 +306,22 @@ class LocalCluster:
                     appendonly=self.redis_appendonly, password=self.redis_password, tls=self.redis_tls
                 ).start()
                 self.redis.append(redis)
-                self.sites.append(
-                    SiteProcess(
-                        twin=index + 1,
-                        redis_url=redis.url,
-                        twins_file=self.twins_file,
-                        key_type=self.key_type,
-                        extra_args=self.extra_args,
-                        log_path=self.workdir / f"msgbusd-{index + 1}.log",
-                        twin_source=self.twin_source,
-                    )
+                twin = index + 1
+                shared_port = ["--reuse-port"] if self.processes > 1 else []
+                site = SiteProcess(
+                    twin=twin,
+                    redis_url=redis.url,
+                    twins_file=self.twins_file,
+                    key_type=self.key_type,
+                    extra_args=[*self.extra_args, *shared_port],
+                    log_path=self.workdir / f"msgbusd-{twin}.log",
+                    twin_source=self.twin_source,
                 )
+                self.sites.append(site)
+                self.siblings[twin] = [
+                    dataclasses.replace(site, log_path=self.workdir / f"msgbusd-{twin}-{number}.log")
+                    for number in range(2, self.processes + 1)
+                ]
         except BaseException:
             self.cleanup()
             raise
@@ -323,6 +333,8 @@ class LocalCluster:
             self.write_twins()
             for site in self.sites:
                 site.start()
+                for sibling in self.siblings.get(site.twin, []):
+                    sibling.start()
         except BaseException:
             self.cleanup()
             raise
@@ -339,9 +351,16 @@ class LocalCluster:
         """The twin map's name of the site of ``twin``."""
         return self.names[twin - 1] if twin <= len(self.names) else f"site-{twin}"
 
+    def processes_of(self, twin: int) -> list[SiteProcess]:
+        """Every msgbusd process of ``twin``'s site."""
+        return [self.sites[twin - 1], *self.siblings.get(twin, [])]
+
     def cleanup(self) -> None:
         for site in self.sites:
             site.stop()
+        for siblings in self.siblings.values():
+            for sibling in siblings:
+                sibling.stop()
         for redis in self.redis:
             redis.cleanup()
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -56,8 +56,52 @@ def is_system_queue(key: str) -> bool:
 
 
 def processing(queue: str) -> str:
-    """list: items the daemon popped from ``queue`` and has not finished handing off (crash recovery)."""
+    """list: items a consumer popped from ``queue`` and has not finished handing off (crash recovery): the
+    rules router's, and a daemon's of a release that had one processing list per queue (taken back at
+    start)."""
     return f"{queue}.processing"
+
+
+def instance_processing(queue: str, instance: str) -> str:
+    """list: items daemon instance ``instance`` popped from the system queue ``queue`` and has not finished
+    handing off. Moved back to the head of ``queue`` when the instance starts again, or by a live instance
+    once it is dead (see INSTANCES)."""
+    return f"{queue}.processing.{instance}"
+
+
+def processing_lists(queue: str, instances: list[str]) -> list[str]:
+    """Every processing list of the system queue ``queue``: the one of an older release, and each
+    instance's."""
+    return [processing(queue), *(instance_processing(queue, instance) for instance in instances)]
+
+
+# zset: daemon instance id -> unix time (s, Redis's clock) of its last heartbeat. The daemons sharing a Redis
+# are one site; one whose heartbeat is older than its lease (--instance-lease) is dead, and a live one takes
+# over its processing lists and its leases, then removes it.
+INSTANCES = "msgbus.system.instances"
+
+
+def instance_info(instance: str) -> str:
+    """hash: what instance ``instance`` says of itself at each heartbeat: ``process`` (JSON: host, boot id,
+    pid, start time, so that a dead process on the same host is known at once), ``listen``, ``started``,
+    ``owned`` (leases held), ``sent`` and ``accepted`` (messages so far). Expires when the heartbeats stop."""
+    return f"msgbus.system.instance.{instance}"
+
+
+# hash: lease name -> the instance holding it. A lease is the right to do one site-wide job alone: send to a
+# destination (its twin id as the name: one sender per send queue, so order and batching hold), take from
+# msgbus.system.local (LOCAL_LEASE: one taker keeps push order) or run the retry and expiry timers
+# (TIMERS_LEASE). A lease held by an instance that is not live is free.
+OWNERS = "msgbus.system.owners"
+LOCAL_LEASE = "local"
+TIMERS_LEASE = "timers"
+
+
+def wake_channel(instance: str) -> str:
+    """pub/sub channel: the names of leases given to ``instance``, or of destinations it holds that have
+    something new to send (published by other instances; each instance also looks for work it holds every
+    few seconds, so a lost message only delays)."""
+    return f"msgbus.system.wake.{instance}"
 
 
 # zset: member "req:<uid>" (a request's re-send) or "rep:<key>" (a reply's) -> unix time (float s) when it is

@@ -25,6 +25,7 @@ A peer's sender stops when its queue is empty and starts again when kicked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import Schedule
 from msgbusd.sending.send_items import SendItem, SendItems
+from msgbusd.store.leases import Leases
 from msgbusd.store.queues import Store
 from wire import event_schema as ev
 from wire.backoff import REDIS_RECONNECT, sleep_unless
@@ -103,7 +105,13 @@ class Peer:
     # --- the sender --------------------------------------------------------------------------------------
 
     async def run(self, lane: _Lane) -> None:
-        """Send until the queue is empty (and stays so a while), or the daemon stops."""
+        """Send until the queue is empty (and stays so a while), the lease of this destination goes to
+        another instance of the site, or the daemon stops."""
+        leases = self._peers.leases
+        with leases.using(str(self.twin)) if leases is not None else contextlib.nullcontext():
+            await self._run(lane)
+
+    async def _run(self, lane: _Lane) -> None:
         redis_failures = 0
         try:
             while not self._peers.stopping.is_set():
@@ -130,7 +138,10 @@ class Peer:
             self._peers.stopped(self, lane)
 
     async def _step(self, lane: _Lane) -> bool:
-        """One turn of the sender; False when it should stop (idle long enough, or nothing left)."""
+        """One turn of the sender; False when it should stop (idle long enough, nothing left, or the lease
+        gone)."""
+        if not self._peers.holds(self.twin):
+            return False
         if self.health.is_down:
             return await self._while_down(lane)
         if lane.paused_until > time.monotonic():
@@ -333,6 +344,7 @@ class Peers:
         stopping: asyncio.Event,
         *,
         links: Links | None = None,
+        leases: Leases | None = None,
         probe_s: float = 1.0,
         workers: int = 1000,
         clock: Callable[[], float] = time.time,
@@ -344,6 +356,8 @@ class Peers:
         self.schedule = schedule
         self.posts = posts
         self.links = links
+        # The site's instances share the destinations (None: this process is the whole site).
+        self.leases = leases
         self.stopping = stopping
         self.probes = probe_backoff(probe_s)
         self.turns = asyncio.Semaphore(workers)
@@ -377,9 +391,17 @@ class Peers:
         for dst, items in ready.items():
             self.kick(dst, items)
 
+    def holds(self, dst: int) -> bool:
+        """This instance sends to ``dst`` (another instance of the site may)."""
+        return self.leases is None or self.leases.holds(str(dst))
+
     def kick(self, dst: int, items: Sequence[SendItem] | None = None) -> None:
         """``items`` were just queued for ``dst`` (None: something was, not known what): wake its sender,
-        handing them over, or start one."""
+        handing them over, or start one; or, when another instance sends to ``dst``, have it told."""
+        if not self.holds(dst):
+            assert self.leases is not None
+            self.leases.want(str(dst))
+            return
         peer = self._peers.get(dst)
         if peer is None:
             peer = self._peers[dst] = Peer(dst, self)
@@ -402,15 +424,27 @@ class Peers:
         """Start a sender for every destination a previous run left messages for; each probes its peer
         before it sends."""
         for dst in await self.store.pending_destinations():
-            peer = self._peers.setdefault(dst, Peer(dst, self))
-            peer.health.unknown()
-            self.kick(dst)
+            self.resume_one(dst)
+
+    def resume_one(self, dst: int) -> None:
+        """Start a sender for ``dst``, which may have messages another run (or instance) left; it probes
+        its peer before it sends."""
+        peer = self._peers.setdefault(dst, Peer(dst, self))
+        peer.health.unknown()
+        self.kick(dst)
+
+    def wake(self, dst: int) -> None:
+        """Have ``dst``'s sender look again at once (its lease is going)."""
+        peer = self._peers.get(dst)
+        if peer is not None and peer.lane is not None:
+            peer.lane.wake.set()
 
     def stopped(self, peer: Peer, lane: _Lane) -> None:
         """``peer``'s sender ended; a peer that is up is forgotten until it has something to send."""
         if peer.lane is lane:
             peer.lane = None
-            if not peer.health.is_down and self._peers.get(peer.twin) is peer:
+            gone = not peer.health.is_down or not self.holds(peer.twin)
+            if gone and self._peers.get(peer.twin) is peer:
                 del self._peers[peer.twin]
 
     def sign(self, item: SendItem) -> bytes:

@@ -184,6 +184,28 @@ def site_settings(
     event_log_rotate_minutes: Annotated[
         float, typer.Option(min=0.1, help="Start a new event log file after this long.")
     ] = 60.0,
+    instance: Annotated[
+        str | None,
+        typer.Option(
+            help="This process's name among the site's processes (same identity and --redis); default "
+            "HOST:PID."
+        ),
+    ] = None,
+    instance_lease: Annotated[
+        float,
+        typer.Option(
+            min=0.5,
+            help="Seconds after its last heartbeat before a process of the site that stopped is taken over "
+            "by the others (one on the same machine is taken over as soon as its process is gone).",
+        ),
+    ] = 5.0,
+    reuse_port: Annotated[
+        bool,
+        typer.Option(
+            "--reuse-port",
+            help="Listen with SO_REUSEPORT, so that the site's processes on this machine share --listen.",
+        ),
+    ] = False,
 ) -> Settings:
     """Run a msgbus site: relay RMB messages between this site's Redis and other sites over HTTP."""
     level = LOG_LEVELS.get(log_level.lower())
@@ -227,6 +249,9 @@ def site_settings(
         event_log_dir=event_log,
         event_log_max_bytes=event_log_max_mb * 1024 * 1024,
         event_log_rotate_s=event_log_rotate_minutes * 60,
+        instance=instance,
+        instance_lease_s=instance_lease,
+        reuse_port=reuse_port,
     )
     configure_logging(level)
     return settings

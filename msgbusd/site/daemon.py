@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import signal
 import socket
 import time
@@ -37,9 +38,12 @@ from msgbusd.sending.schedule import CLAIM_BATCH, Schedule
 from msgbusd.sending.send_items import SendItems
 from msgbusd.site.companions import Companion, SiteHandle
 from msgbusd.site.inflight import InFlight
+from msgbusd.site.instance import Instance
 from msgbusd.site.serving import QuietServer, bind_socket, server
 from msgbusd.site.settings import Settings
 from msgbusd.site.status import STATUS_TIMEOUT_S, StatusEndpoint, StatusReport
+from msgbusd.store.instances import InstanceStore
+from msgbusd.store.leases import Leases
 from msgbusd.store.queues import Store
 from twin_resolver.base import Resolver
 from twin_resolver.cache import CachedResolver
@@ -86,6 +90,9 @@ class Site:
     # What arrives: the items of the system queues, and the HTTP door for other sites.
     handlers: Handlers
     door: Door
+    # This process among the site's instances, and the leases (site-wide jobs) it holds.
+    instance: Instance
+    leases: Leases
 
 
 # A Redis host that vanishes without closing the connection is noticed within about 25 s.
@@ -145,6 +152,8 @@ class Daemon:
 
     async def _problems(self) -> list[str]:
         problems: list[str] = []
+        if not self.site.instance.fresh():
+            problems.append("no heartbeat in redis lately: other instances may take this one's work over")
         try:
             async with asyncio.timeout(REDIS_PING_TIMEOUT_S):
                 await self.site.redis.ping()
@@ -176,6 +185,7 @@ class Daemon:
 
     def stop(self) -> None:
         """First call drains; a second aborts."""
+        self.site.leases.stop()
         if self._stopping.is_set():
             log.warning("second stop signal: aborting; unfinished items stay queued for the next start")
             self.site.inflight.abort.set()
@@ -207,12 +217,24 @@ class Daemon:
             ws_per_message_deflate=False,
         )
         handlers = site.handlers
-        await site.peers.resume()
+        await self._take_back_single_lists()
+        await site.instance.join()
+        leases, stopping = site.leases, self._stopping
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._consume(keys.LOCAL, handlers.local), name="consume local")
-            group.create_task(self._consume(keys.REMOTE, handlers.remote), name="consume remote")
-            group.create_task(self._consume(keys.REPLY, handlers.reply), name="consume reply")
-            group.create_task(self._timers(), name="timers")
+            group.create_task(
+                leases.run_while_held(
+                    keys.LOCAL_LEASE, self._while_held(keys.LOCAL, self._consumer(handlers.local)), stopping
+                ),
+                name="consume local",
+            )
+            group.create_task(self._consume(keys.REMOTE, handlers.remote, stopping), name="consume remote")
+            group.create_task(self._consume(keys.REPLY, handlers.reply, stopping), name="consume reply")
+            group.create_task(
+                leases.run_while_held(keys.TIMERS_LEASE, self._while_held("timers", self._timers), stopping),
+                name="timers",
+            )
+            group.create_task(site.instance.run(stopping), name="heartbeat")
+            group.create_task(site.instance.listen(stopping), name="wake channel")
             group.create_task(site.events.run(self._stopping), name="event log")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             group.create_task(self._announce_ready(), name="ready")
@@ -243,13 +265,41 @@ class Daemon:
         for queue in keys.SYSTEM_QUEUES:
             with contextlib.suppress(RedisError):
                 await self._system_list(queue).take_back()
+        await self.site.instance.leave()
+
+    async def _take_back_single_lists(self) -> None:
+        """What a release with one processing list per queue left there goes back to its queue."""
+        for queue in keys.SYSTEM_QUEUES:
+            single = ReliableList(self.site.redis, queue, keys.processing(queue), oldest="LEFT")
+            if moved := await single.take_back():
+                log.warning("took back %d unfinished item(s) of %s left by an older release", moved, queue)
 
     def _system_list(self, queue: str) -> ReliableList:
-        return ReliableList(self.site.redis, queue, keys.processing(queue), oldest="LEFT")
+        return ReliableList(self.site.redis, queue, self.site.store.processing(queue), oldest="LEFT")
 
-    async def _consume(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
-        """Take a system queue in batches, one batch after the other: requests reach each destination in
-        push order, and every batch is a few pipelined round trips to Redis."""
+    def _while_held(
+        self, loop: str, work: Callable[[asyncio.Event], Awaitable[None]]
+    ) -> Callable[[asyncio.Event], Awaitable[None]]:
+        """``work`` under a lease: while the lease is elsewhere its loop is not expected to turn."""
+
+        async def held(lost: asyncio.Event) -> None:
+            try:
+                await work(lost)
+            finally:
+                self._heartbeats.pop(loop, None)
+
+        return held
+
+    def _consumer(
+        self, handle: Callable[[list[bytes]], Awaitable[None]]
+    ) -> Callable[[asyncio.Event], Awaitable[None]]:
+        return functools.partial(self._consume, keys.LOCAL, handle)
+
+    async def _consume(
+        self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]], until: asyncio.Event
+    ) -> None:
+        """Take a system queue in batches, one batch after the other, until ``until`` is set: requests reach
+        each destination in push order, and every batch is a few pipelined round trips to Redis."""
 
         async def counted(batch: list[bytes]) -> None:
             try:
@@ -261,16 +311,17 @@ class Daemon:
         await consume_in_order(
             self._system_list(queue),
             counted,
-            self._stopping,
+            until,
             batch=POP_BATCH,
             block_s=self.site.settings.pop_block_s,
             turned=functools.partial(self._beat, queue),
         )
 
-    async def _timers(self) -> None:
+    async def _timers(self, lost: asyncio.Event) -> None:
+        """The retry and expiry timers, run by the instance that holds their lease until it goes."""
         schedule = self.site.schedule
         settings = self.site.settings
-        while not self._stopping.is_set():
+        while not lost.is_set():
             self._beat("timers")
             try:
                 # Re-sends go back to their destinations' senders, which send them in batches.
@@ -283,7 +334,7 @@ class Daemon:
             except (RedisError, OSError) as exc:
                 self.site.metrics.error("redis")
                 log.error("retry/expiry timer: redis failed (%s)", exc)
-            await sleep_unless(self._stopping, settings.tick_s)
+            await sleep_unless(lost, settings.tick_s)
 
 
 def _redacted(url: str) -> str:
@@ -327,7 +378,9 @@ async def open_site(
         clock=clock,
     )
     inflight = InFlight(metrics)
-    store = Store(redis)
+    instance_id = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
+    store = Store(redis, instance_id)
+    leases = Leases(instance_id)
     http = open_http(settings)
     # --max-message-size is the largest payload: HTTP bodies carry it base64-encoded in an envelope.
     max_body_bytes = envelope_size_limit(settings.max_message_bytes)
@@ -377,6 +430,7 @@ async def open_site(
         inflight.spawn,
         inflight.stopping,
         links=links,
+        leases=leases,
         probe_s=settings.probe_interval_s,
         workers=settings.workers,
         clock=clock,
@@ -384,10 +438,11 @@ async def open_site(
         events=events,
     )
 
+    _send_when_held(leases, peers)
     handlers = Handlers(store, items, twin, peers.kick_all, clock, metrics, events)
     door_redis = open_redis(settings, settings.redis_connections, wait_s=settings.door_redis_wait_s)
     door = Door(
-        Store(door_redis),
+        Store(door_redis, instance_id),
         resolver,
         signer,
         settings.freshness_s,
@@ -418,7 +473,31 @@ async def open_site(
         peers=peers,
         handlers=handlers,
         door=door,
+        instance=Instance(
+            InstanceStore(redis),
+            leases,
+            lease_s=settings.instance_lease_s,
+            queues=keys.SYSTEM_QUEUES,
+            describe=lambda: {"listen": f"{settings.listen_host}:{settings.listen_port}"},
+        ),
+        leases=leases,
     )
+
+
+def _send_when_held(leases: Leases, peers: Peers) -> None:
+    """A destination's lease gained starts its sender (one taken over probes first); one going wakes it, so
+    that it stops."""
+
+    def gained(name: str, resumed: bool) -> None:
+        if name.isdigit():
+            (peers.resume_one if resumed else peers.kick)(int(name))
+
+    def leaving(name: str) -> None:
+        if name.isdigit():
+            peers.wake(int(name))
+
+    leases.on_gained = gained
+    leases.on_leaving = leaving
 
 
 async def close_site(site: Site) -> None:
@@ -435,7 +514,7 @@ async def serve(
 ) -> None:
     """Run a site, and the ``companions`` beside it, until stopped by a signal. Raises
     :class:`StartupError` for operator mistakes."""
-    sock = bind_socket(settings.listen_host, settings.listen_port)
+    sock = bind_socket(settings.listen_host, settings.listen_port, reuse_port=settings.reuse_port)
     try:
         site = await open_site(settings, signer, resolver)
     except BaseException:

@@ -15,11 +15,14 @@ from starlette.types import ASGIApp
 from msgbusd.errors import StartupError
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind the listening socket up front so a port in use is a clear start-up error. ``::`` is dual-stack."""
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """Bind the listening socket up front so a port in use is a clear start-up error. ``::`` is dual-stack.
+    With ``reuse_port``, processes that all bind so share the address (the kernel spreads connections)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     try:

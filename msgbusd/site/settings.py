@@ -71,3 +71,9 @@ class Settings:
     event_log_max_bytes: int = 64 * 1024 * 1024
     event_log_rotate_s: float = 3600.0
     handle_signals: bool = True
+    # This process among the site's instances (None: "<host>:<pid>"), and how long an instance that stopped
+    # beating keeps its leases and its unfinished items before a live one takes them over.
+    instance: str | None = None
+    instance_lease_s: float = 5.0
+    # Listen with SO_REUSEPORT, so that the site's processes on this machine share one address.
+    reuse_port: bool = False

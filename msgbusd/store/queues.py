@@ -212,8 +212,9 @@ def reply_member(key: str) -> str:
 class Store(SendQueues):
     """msgbusd's view of its Redis. Takes an open ``redis.asyncio.Redis``; never creates one."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, instance: str | None = None) -> None:
         super().__init__(redis)
+        self.instance = instance
         self._hand_over = redis.register_script(_HAND_OVER)
         self._dead_letter = redis.register_script(_DEAD_LETTER)
         self._accept_request = redis.register_script(_ACCEPT_REQUEST)
@@ -224,6 +225,11 @@ class Store(SendQueues):
         self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
         self._count_failure = redis.register_script(_COUNT_FAILURE)
 
+    def processing(self, queue: str) -> str:
+        """The processing list of the items this daemon instance took from ``queue`` (without an instance:
+        the one list of a site of one process, as the rules router and older releases use)."""
+        return keys.instance_processing(queue, self.instance) if self.instance else keys.processing(queue)
+
     # --- hand-offs of taken items --------------------------------------------------------------------
 
     async def hand_over_many(self, queue: str, items: Sequence[tuple[bytes, str, bytes]]) -> list[bool]:
@@ -231,13 +237,13 @@ class Store(SendQueues):
         all in one round trip; False for an item that had already been handed over."""
         batch = ScriptBatch(self.redis)
         for raw, target, payload in items:
-            batch.script(self._hand_over, [keys.processing(queue), target], [raw, payload, 0])
+            batch.script(self._hand_over, [self.processing(queue), target], [raw, payload, 0])
         return [bool(done) for done in await batch.run()]
 
     async def dead_letter(self, queue: str, raw: bytes, reason: str) -> None:
         """Set aside an item popped from ``queue`` that cannot be handled, with the reason, and ack it."""
         await self._dead_letter(
-            keys=[keys.processing(queue), keys.DEAD_LETTER],
+            keys=[self.processing(queue), keys.DEAD_LETTER],
             args=[raw, _letter(queue, raw, reason), keys.DEAD_LETTER_MAX],
         )
 
@@ -252,7 +258,7 @@ class Store(SendQueues):
         """Hand ``payload`` to a caller's return queue and ack ``raw``, atomically; refreshes the queue's TTL
         (unless it is a system queue). False if ``raw`` had already been handed over."""
         ttl = 0 if keys.is_system_queue(ret) else keys.RETURN_QUEUE_TTL_S
-        done = await self._hand_over(keys=[keys.processing(queue), ret], args=[raw, payload, ttl])
+        done = await self._hand_over(keys=[self.processing(queue), ret], args=[raw, payload, ttl])
         return bool(done)
 
     async def push(self, queue: str, payload: bytes) -> None:
@@ -302,7 +308,7 @@ class Store(SendQueues):
         order of its destinations, or None for one that had already been accepted."""
         batch = ScriptBatch(self.redis)
         for request in requests:
-            script_keys = [keys.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
+            script_keys = [self.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
             for dst in request.destinations:
                 script_keys += [keys.uid_counter(dst), keys.send_queue(dst)]
             args: list[Any] = [request.raw, request.original, request.deadline, *request.destinations]
@@ -367,7 +373,7 @@ class Store(SendQueues):
         """:meth:`finish` for many outcomes at once, in one round trip; with ``ack_queue``, each outcome's
         raw item is acked from that queue's processing list whether it was delivered or not. For each
         outcome delivered, the request's deadline (unix seconds; -1 if it had none); None for the others."""
-        processing = keys.processing(ack_queue) if ack_queue else ""
+        processing = self.processing(ack_queue) if ack_queue else ""
         batch = ScriptBatch(self.redis)
         for outcome in outcomes:
             ttl = 0 if keys.is_system_queue(outcome.ret) else keys.RETURN_QUEUE_TTL_S
@@ -381,7 +387,7 @@ class Store(SendQueues):
     async def stage_local(self, raws: Sequence[bytes]) -> None:
         """Put requests made inside the daemon where taken local requests wait for acceptance, so that
         they are accepted by the same script (and recovered like them after a crash)."""
-        await self.redis.rpush(keys.processing(keys.LOCAL), *raws)
+        await self.redis.rpush(self.processing(keys.LOCAL), *raws)
 
     async def withdraw(self, uid: str) -> bool:
         """Drop request ``uid`` if its destination has failed to take it at least once and it has no
@@ -411,7 +417,7 @@ class Store(SendQueues):
         be forwarded: this one went to the dead letters, with :func:`already_waiting_text`)."""
         batch = ScriptBatch(self.redis)
         for reply in replies:
-            script_keys = [keys.processing(queue), keys.REPLIES, keys.REPLY_STATE]
+            script_keys = [self.processing(queue), keys.REPLIES, keys.REPLY_STATE]
             script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS, keys.DEAD_LETTER]
             args: list[Any] = [reply.raw, reply.key, reply.payload, json.dumps(reply.state), reply.dst]
             args += [queue, already_waiting_text(reply.key), keys.DEAD_LETTER_MAX]

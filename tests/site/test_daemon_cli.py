@@ -254,20 +254,32 @@ def test_signal_stops_the_daemon_cleanly(one_site: LocalCluster, sig: signal.Sig
     assert "msgbusd stopped" in site.log()
 
 
-def test_items_left_by_a_killed_daemon_are_taken_again_at_start(one_site: LocalCluster) -> None:
+@pytest.mark.parametrize("left_by", ["killed", "older release"])
+def test_items_left_by_a_killed_daemon_are_taken_again_at_start(one_site: LocalCluster, left_by: str) -> None:
     site = one_site.sites[0]
     conn = redis.Redis.from_url(one_site.redis[0].url)
+    assert site.process is not None
+    killed = f"{socket.gethostname()}:{site.process.pid}"
     site.kill()
-    # What a daemon killed mid-hand-off leaves behind: an item in the processing list.
+    # What a daemon killed mid-hand-off leaves behind: an item in its processing list (an older release
+    # had one list for every process).
     ret = "c6a4a4b4-5d0e-4a0b-9a6b-8f5f2f6b7c11"
     request = Envelope(cmd="x", dst=(1,), ret=ret, ver=2)
-    conn.rpush(keys.processing(keys.LOCAL), request.encode())
+    processing = (
+        keys.instance_processing(keys.LOCAL, killed) if left_by == "killed" else keys.processing(keys.LOCAL)
+    )
+    conn.rpush(processing, request.encode())
     site.start()
     wait_until(lambda: conn.llen(ret) == 1, what="the recovered item to be handled")
     (answer,) = conn.lrange(ret, 0, -1)
     assert Envelope.decode(answer).err == "received invalid message: protocol version mismatch"
-    assert conn.llen(keys.processing(keys.LOCAL)) == 0
-    assert "took back 1 unfinished item(s) of msgbus.system.local left by the previous run" in site.log()
+    assert conn.llen(processing) == 0
+    if left_by == "killed":
+        # Its process is gone: taken over at once, without waiting for its lease to run out.
+        assert f"instance {killed} is dead" in site.log()
+        assert conn.zscore(keys.INSTANCES, killed) is None
+    else:
+        assert "took back 1 unfinished item(s) of msgbus.system.local left by an older release" in site.log()
     conn.close()
 
 

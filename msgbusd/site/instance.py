@@ -1,0 +1,263 @@
+"""One daemon process among the site's instances: its heartbeat, the leases it claims and hands on, and
+taking over an instance that died.
+
+- Every ``lease_s / 5`` seconds the instance beats (Redis's clock). An instance whose last beat is older
+  than ``lease_s`` is dead; so is one on this machine whose process is gone (known at once). A live instance
+  buries it: moves its processing lists back to the head of their queues and gives its leases to the live
+  instances.
+- Each lease (a destination's sending, taking from ``msgbus.system.local``, the timers) goes to the live
+  instance that rendezvous hashing picks for it, so the work spreads and moves as little as possible when an
+  instance comes or goes. A lease whose instance is not the pick is handed on once nothing uses it.
+- Work that comes up for a lease held elsewhere is announced to its holder on the holder's wake channel.
+  Each instance also looks over the waiting destinations every few seconds, so a lost announcement (Redis
+  restarted) only delays.
+- An instance that cannot beat for most of its lease stops all work under its leases: the others may take
+  them over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from redis.exceptions import RedisError
+
+from msgbusd.errors import StartupError
+from msgbusd.site.process_info import ProcessInfo
+from msgbusd.store.instances import Beat, InstanceStore, Tell
+from msgbusd.store.leases import Leases, first_set
+from wire import keys
+from wire.backoff import REDIS_RECONNECT, sleep_unless
+
+log = logging.getLogger("msgbusd.instances")
+
+# Every waiting destination is looked over this often (lost announcements; leases of the dead).
+SWEEP_S = 5.0
+BEATS_PER_LEASE = 5
+
+
+def pick(name: str, live: Iterable[str]) -> str:
+    """The instance that should hold lease ``name`` among ``live`` (rendezvous hashing)."""
+    return max(
+        live, key=lambda instance: hashlib.blake2b(f"{instance}\0{name}".encode(), digest_size=8).digest()
+    )
+
+
+class Instance:
+    def __init__(
+        self,
+        store: InstanceStore,
+        leases: Leases,
+        *,
+        lease_s: float,
+        queues: Sequence[str],
+        describe: Callable[[], Mapping[str, str]] = dict,
+        process: ProcessInfo | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.id = leases.instance
+        self.lease_s = lease_s
+        self.beat_s = lease_s / BEATS_PER_LEASE
+        self._store = store
+        self._leases = leases
+        self._queues = queues
+        self._describe = describe
+        self._process = process or ProcessInfo.this()
+        self._clock = clock
+        # The live instances at the last beat (with this one), and when each was first seen.
+        self.live: list[str] = [self.id]
+        self._last_beat_ok = -1e9
+        # Since when beats have gone through one after the other: only then are other instances judged by
+        # their age (after an outage of Redis every instance's last beat is old).
+        self._beating_since: float | None = None
+        self._next_sweep = 0.0
+        self._processes: dict[str, ProcessInfo | None] = {}
+
+    # --- joining and leaving -----------------------------------------------------------------------------
+
+    async def join(self) -> None:
+        """Become one of the site's instances; refused while a live process runs under the same name."""
+        beat = await self._store.beat_of(self.id)
+        if beat is not None:
+            other = ProcessInfo.from_json((await self._store.describe(self.id)).get("process", ""))
+            redis_now = await self._store.now()
+            running = other is not None and other != self._process and redis_now - beat < self.lease_s
+            if running and other is not None and not other.gone():
+                raise StartupError(
+                    f"instance {self.id!r} is already running (pid {other.pid} on {other.host}, last "
+                    f"heartbeat {redis_now - beat:.1f}s ago); give this process another --instance"
+                )
+        await self.beat_and_settle(force_sweep=True)
+
+    async def leave(self) -> None:
+        """Hand every lease to the live instances left, and stop being one of the site's."""
+        self._leases.stop()
+        others = [instance for instance in self.live if instance != self.id]
+        names = self._leases.releasable()
+        successors = {name: pick(name, others) if others else "" for name in names}
+        with contextlib.suppress(RedisError, OSError):
+            await self._store.hand_over(self.id, successors)
+            await self._store.leave(self.id)
+            log.info("left the site: %d lease(s) handed to %d other instance(s)", len(names), len(others))
+        self._leases.released(set(names))
+
+    # --- the loops -----------------------------------------------------------------------------------------
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Beat, judge, claim and hand on until ``stopping``."""
+        next_beat = self._clock() + self.beat_s
+        failures = 0
+        while not stopping.is_set():
+            self._leases.work.clear()
+            try:
+                if self._clock() >= next_beat:
+                    next_beat = self._clock() + self.beat_s
+                    await self.beat_and_settle()
+                await self.settle_claims()
+                failures = 0
+            except (RedisError, OSError) as exc:
+                failures += 1
+                self._beating_since = None
+                if self._clock() - self._last_beat_ok > self.lease_s * 0.8 and len(self._leases):
+                    dropped = self._leases.drop_all()
+                    log.error(
+                        "no heartbeat for %.1fs (redis: %s): stopped the work under %d lease(s); other "
+                        "instances may take them over",
+                        self._clock() - self._last_beat_ok,
+                        exc,
+                        len(dropped),
+                    )
+                await sleep_unless(stopping, min(REDIS_RECONNECT.delay_s(failures), self.beat_s))
+                continue
+            wait = max(0.0, next_beat - self._clock())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await first_set(self._leases.work, stopping)
+
+    async def listen(self, stopping: asyncio.Event) -> None:
+        """Take the announcements on this instance's wake channel until ``stopping``."""
+        failures = 0
+        while not stopping.is_set():
+            pubsub = self._store.redis.pubsub()
+            try:
+                await pubsub.subscribe(keys.wake_channel(self.id))
+                if failures:
+                    # Announcements may have been lost meanwhile: look over the waiting work now.
+                    self._next_sweep = 0.0
+                    self._leases.work.set()
+                failures = 0
+                while not stopping.is_set():
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.beat_s)
+                    if message is not None:
+                        data = message["data"]
+                        self._leases.told(data.decode() if isinstance(data, bytes) else str(data))
+            except (RedisError, OSError) as exc:
+                failures += 1
+                log.warning("wake channel: redis failed (%s); subscribing again", exc)
+                await sleep_unless(stopping, REDIS_RECONNECT.delay_s(failures))
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    # --- one round -----------------------------------------------------------------------------------------
+
+    async def _beat(self) -> Beat:
+        info = {"process": self._process.to_json(), "owned": str(len(self._leases)), **self._describe()}
+        beat = await self._store.heartbeat(self.id, info, ttl_s=max(1, int(self.lease_s * 4)))
+        now = self._clock()
+        self._last_beat_ok = now
+        if self._beating_since is None:
+            self._beating_since = now
+        return beat
+
+    async def beat_and_settle(self, *, force_sweep: bool = False) -> None:
+        beat = await self._beat()
+        swept = force_sweep
+        if not beat.was_present and len(self._leases):
+            dropped = self._leases.drop_all()
+            log.warning(
+                "this instance was taken for dead (no heartbeat within %.1fs); %d lease(s) went to others",
+                self.lease_s,
+                len(dropped),
+            )
+            swept = True
+        live = {instance for instance, at in beat.beats.items() if beat.now - at <= self.lease_s}
+        buried = await self._bury_dead(beat)
+        live = (live - buried) | {self.id}
+        if buried or live != set(self.live):
+            swept = True
+        self.live = sorted(live)
+        if swept or self._clock() >= self._next_sweep:
+            await self._sweep()
+        self._rebalance()
+
+    async def _bury_dead(self, beat: Beat) -> set[str]:
+        judge_by_age = self._beating_since is not None and self._clock() - self._beating_since >= self.lease_s
+        buried: set[str] = set()
+        for other, at in beat.beats.items():
+            if other == self.id:
+                continue
+            age = beat.now - at
+            dead = judge_by_age and age > self.lease_s
+            if not dead and age > 2 * self.beat_s:
+                dead = await self._process_gone(other)
+            if not dead:
+                continue
+            moved = await self._store.bury(other, at, self._queues)
+            if moved is None:
+                continue
+            buried.add(other)
+            self._processes.pop(other, None)
+            log.warning(
+                "instance %s is dead (no heartbeat for %.1fs); took back its leases and %d item(s)",
+                other,
+                age,
+                moved,
+            )
+        return buried
+
+    async def _process_gone(self, other: str) -> bool:
+        if other not in self._processes:
+            described = await self._store.describe(other)
+            self._processes[other] = ProcessInfo.from_json(described.get("process", ""))
+        process = self._processes[other]
+        return process is not None and process.gone()
+
+    async def _sweep(self) -> None:
+        """Claim what waits (each free lease to its pick) and kick the work under the leases held here."""
+        self._next_sweep = self._clock() + SWEEP_S
+        names = [keys.LOCAL_LEASE, keys.TIMERS_LEASE, *await self._store.pending_destinations()]
+        await self._claim({name: pick(name, self.live) for name in names}, "changed", resumed=True)
+
+    def _rebalance(self) -> None:
+        for name in self._leases.held():
+            if pick(name, self.live) != self.id:
+                self._leases.let_go(name)
+
+    async def settle_claims(self) -> None:
+        """Claim what local work wants and what others said is ours; hand on what is no longer used."""
+        wanted, told = self._leases.take_claims()
+        if wanted:
+            await self._claim({name: pick(name, self.live) for name in wanted}, "all", resumed=False)
+        if told:
+            await self._claim({name: self.id for name in told}, "none", resumed=False)
+        releasable = self._leases.releasable()
+        if releasable:
+            others = [instance for instance in self.live if instance != self.id]
+            successors = {name: pick(name, others) if others else "" for name in releasable}
+            await self._store.hand_over(self.id, successors)
+            self._leases.released(releasable)
+
+    async def _claim(self, proposed: Mapping[str, str], tell: Tell, *, resumed: bool) -> None:
+        holders = await self._store.claim(self.id, proposed, self.lease_s, tell)
+        for name, holder in holders.items():
+            if holder == self.id:
+                self._leases.gained(name, resumed=resumed and not self._leases.holds(name))
+
+    def fresh(self) -> bool:
+        """The last heartbeat went through recently enough for this instance to count as live."""
+        return self._clock() - self._last_beat_ok <= self.lease_s * 0.8

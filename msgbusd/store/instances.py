@@ -1,0 +1,184 @@
+"""The Redis side of a site of several daemon processes (instances): heartbeats, who holds which lease, and
+taking over what a dead instance held. Every step is one script, timed by Redis's clock, so instances on
+machines whose clocks differ agree on who is alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import redis.asyncio as aioredis
+
+from msgbusd.store.send_queues import text
+from wire import keys
+
+# Records a heartbeat of ARGV[1] and what it says of itself; returns whether it was in the instances set
+# (0: first beat, or another instance took it for dead), Redis's time, and every instance with its last beat.
+# KEYS: instances, the instance's info. ARGV: id, info TTL seconds, then field/value pairs.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local present = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return {present, tostring(now), redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
+"""
+
+# Takes over a dead instance unless it beat after ARGV[2]: moves each of its processing lists back to the head
+# of its queue, in order, and removes it. Its leases are free from then on (their holder is not live).
+# KEYS: instances, its info, then (queue, its processing list) pairs. ARGV: id, latest beat it may have had.
+# Returns the items moved, or -1 when it was alive after all.
+_BURY = """
+local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if beat and tonumber(beat) > tonumber(ARGV[2]) then return -1 end
+local moved = 0
+for i = 3, #KEYS, 2 do
+  while redis.call('LMOVE', KEYS[i + 1], KEYS[i], 'RIGHT', 'LEFT') do moved = moved + 1 end
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+return moved
+"""
+
+# For each lease name, its holder: the live instance holding it, else (it is free) the proposed one if it is
+# live, else the caller, which then holds it. Tells an instance other than the caller on its wake channel:
+# always (ARGV[3] = 'all'), when the lease was just given to it ('changed'), or never ('none').
+# KEYS: owners, instances. ARGV: caller, lease seconds, when to tell, channel prefix, then (name, proposed).
+_CLAIM = """
+local t = redis.call('TIME')
+local alive_after = tonumber(t[1]) + tonumber(t[2]) / 1000000 - tonumber(ARGV[2])
+local function alive(id)
+  local beat = redis.call('ZSCORE', KEYS[2], id)
+  return beat and tonumber(beat) >= alive_after
+end
+local holders = {}
+for i = 5, #ARGV, 2 do
+  local name = ARGV[i]
+  local holder = redis.call('HGET', KEYS[1], name)
+  local changed = false
+  if not holder or (holder ~= ARGV[1] and not alive(holder)) then
+    holder = ARGV[i + 1]
+    if holder ~= ARGV[1] and not alive(holder) then holder = ARGV[1] end
+    redis.call('HSET', KEYS[1], name, holder)
+    changed = true
+  end
+  if holder ~= ARGV[1] and (ARGV[3] == 'all' or (changed and ARGV[3] == 'changed')) then
+    redis.call('PUBLISH', ARGV[4] .. holder, name)
+  end
+  holders[#holders + 1] = holder
+end
+return holders
+"""
+
+# Hands leases the caller holds to other instances (or frees them: an empty name of the next holder), and
+# tells each new holder. KEYS: owners. ARGV: caller, channel prefix, then (name, next holder) pairs.
+_HAND_OVER = """
+local given = 0
+for i = 3, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[1] then
+    if ARGV[i + 1] == '' then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+    else
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+      redis.call('PUBLISH', ARGV[2] .. ARGV[i + 1], ARGV[i])
+    end
+    given = given + 1
+  end
+end
+return given
+"""
+
+Tell = Literal["all", "changed", "none"]
+# The channel of instance X is this prefix followed by X.
+_CHANNEL_PREFIX = keys.wake_channel("")
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What a heartbeat found: whether this instance was still in the set, Redis's time, every instance's
+    last beat."""
+
+    was_present: bool
+    now: float
+    beats: dict[str, float]
+
+
+class InstanceStore:
+    """The instances of the site and their leases, in Redis. Takes an open ``redis.asyncio.Redis``."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+        self._heartbeat = redis.register_script(_HEARTBEAT)
+        self._bury = redis.register_script(_BURY)
+        self._claim = redis.register_script(_CLAIM)
+        self._hand_over = redis.register_script(_HAND_OVER)
+
+    async def heartbeat(self, instance: str, info: Mapping[str, str], ttl_s: int) -> Beat:
+        fields = [value for pair in info.items() for value in pair]
+        present, now, flat = await self._heartbeat(
+            keys=[keys.INSTANCES, keys.instance_info(instance)], args=[instance, ttl_s, *fields]
+        )
+        beats = {text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return Beat(bool(present), float(now), beats)
+
+    async def describe(self, instance: str) -> dict[str, str]:
+        """What ``instance`` last said of itself (empty once its heartbeats stopped long enough)."""
+        found = await self.redis.hgetall(keys.instance_info(instance))
+        return {text(k): text(v) for k, v in found.items()}
+
+    async def now(self) -> float:
+        """Redis's clock (unix seconds), by which beats are timed."""
+        seconds, micros = await self.redis.time()
+        return float(seconds) + float(micros) / 1_000_000
+
+    async def beat_of(self, instance: str) -> float | None:
+        beat = await self.redis.zscore(keys.INSTANCES, instance)
+        return None if beat is None else float(beat)
+
+    async def bury(self, instance: str, beat_at_most: float, queues: Sequence[str]) -> int | None:
+        """Take over dead ``instance`` (unless it beat after ``beat_at_most``): its unfinished items go back
+        to the head of their ``queues``. Returns how many, or None when it turned out to be alive."""
+        script_keys = [keys.INSTANCES, keys.instance_info(instance)]
+        for queue in queues:
+            script_keys += [queue, keys.instance_processing(queue, instance)]
+        moved = int(await self._bury(keys=script_keys, args=[instance, beat_at_most]))
+        return None if moved < 0 else moved
+
+    async def claim(
+        self, instance: str, proposed: Mapping[str, str], lease_s: float, tell: Tell
+    ) -> dict[str, str]:
+        """Each lease's holder after giving the free ones as ``proposed`` (name -> instance)."""
+        if not proposed:
+            return {}
+        pairs = [value for pair in proposed.items() for value in pair]
+        holders = await self._claim(
+            keys=[keys.OWNERS, keys.INSTANCES], args=[instance, lease_s, tell, _CHANNEL_PREFIX, *pairs]
+        )
+        return {name: text(holder) for name, holder in zip(proposed, holders, strict=True)}
+
+    async def hand_over(self, instance: str, successors: Mapping[str, str]) -> int:
+        """Give the leases ``instance`` holds among ``successors`` (name -> next holder, "" to free it) and
+        tell the next holders; returns how many it held."""
+        if not successors:
+            return 0
+        pairs = [value for pair in successors.items() for value in pair]
+        return int(await self._hand_over(keys=[keys.OWNERS], args=[instance, _CHANNEL_PREFIX, *pairs]))
+
+    async def leave(self, instance: str) -> None:
+        """``instance`` stops: it is no longer one of the site's."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(keys.INSTANCES, instance)
+            pipe.delete(keys.instance_info(instance))
+            await pipe.execute()
+
+    async def holders(self) -> dict[str, str]:
+        """Every lease and its holder (live or not)."""
+        found = await self.redis.hgetall(keys.OWNERS)
+        return {text(k): text(v) for k, v in found.items()}
+
+    async def pending_destinations(self) -> list[str]:
+        """The lease names of destinations whose send queue is not empty."""
+        return [text(d) for d in await self.redis.smembers(keys.DESTINATIONS)]

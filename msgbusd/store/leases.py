@@ -1,0 +1,167 @@
+"""The leases this process holds, as Redis last confirmed them (:mod:`msgbusd.store.instances`): what the
+senders, the taker of ``msgbus.system.local`` and the timers ask before each step of their work.
+
+A lease leaves in two steps: it stops being held here at once (its user stops after the step it is in),
+and is handed to its next holder in Redis only once nothing here uses it any more, so that no two
+instances ever work under one lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+
+from wire.backoff import sleep_unless
+
+
+def _ignore_gained(name: str, resumed: bool) -> None:
+    pass
+
+
+def _ignore(name: str) -> None:
+    pass
+
+
+class Leases:
+    def __init__(self, instance: str) -> None:
+        self.instance = instance
+        self._held: set[str] = set()
+        self._leaving: set[str] = set()
+        self._users: Counter[str] = Counter()
+        # Names to claim: wanted by local work (their holder is told of it), or said to be ours by another.
+        self._wanted: set[str] = set()
+        self._told: set[str] = set()
+        # Set when there is claiming or handing over to do.
+        self.work = asyncio.Event()
+        self._held_events: dict[str, asyncio.Event] = {}
+        self._lost_events: dict[str, set[asyncio.Event]] = {}
+        self._stopped = False
+        # What the site does when it gains a lease (``resumed``: taken over, not asked for) or is to let one
+        # go (wake the user, so that it stops).
+        self.on_gained: Callable[[str, bool], None] = _ignore_gained
+        self.on_leaving: Callable[[str], None] = _ignore
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def holds(self, name: str) -> bool:
+        return name in self._held
+
+    def held(self) -> set[str]:
+        return set(self._held)
+
+    # --- asked for by the work -----------------------------------------------------------------------------
+
+    def want(self, name: str) -> None:
+        """There is work under ``name``, which is not held here: claim it or tell its holder."""
+        if name not in self._leaving and not self._stopped:
+            self._wanted.add(name)
+            self.work.set()
+
+    def told(self, name: str) -> None:
+        """Another instance says ``name`` is ours now (or has work for us)."""
+        if not self._stopped:
+            self._told.add(name)
+            self.work.set()
+
+    def take_claims(self) -> tuple[set[str], set[str]]:
+        """The names wanted and the names told since the last call."""
+        wanted, told = self._wanted - self._held, self._told
+        self._wanted, self._told = set(), set()
+        return wanted, told
+
+    @contextlib.contextmanager
+    def using(self, name: str) -> Iterator[None]:
+        """Work under ``name`` runs inside this; the lease is handed on only once none does."""
+        self._users[name] += 1
+        try:
+            yield
+        finally:
+            self._users[name] -= 1
+            if not self._users[name]:
+                del self._users[name]
+                if name in self._leaving:
+                    self.work.set()
+
+    async def run_while_held(
+        self, name: str, work: Callable[[asyncio.Event], Awaitable[None]], stopping: asyncio.Event
+    ) -> None:
+        """Run ``work`` whenever ``name`` is held, until ``stopping``; ``work`` gets an event set when the
+        lease is to go (or the daemon stops), and must then return."""
+        held = self._held_events.setdefault(name, asyncio.Event())
+        while not stopping.is_set():
+            if not self.holds(name):
+                held.clear()
+                await first_set(held, stopping)
+                continue
+            lost = asyncio.Event()
+            self._lost_events.setdefault(name, set()).add(lost)
+            try:
+                with self.using(name):
+                    await work(lost)
+            finally:
+                self._lost_events[name].discard(lost)
+            if self.holds(name) and not stopping.is_set():
+                await sleep_unless(stopping, 0.1)
+
+    # --- told by the coordinator -----------------------------------------------------------------------
+
+    def gained(self, name: str, *, resumed: bool = False) -> None:
+        """Redis says ``name`` is held here."""
+        if self._stopped or name in self._leaving:
+            return
+        self._held.add(name)
+        if name in self._held_events:
+            self._held_events[name].set()
+        self.on_gained(name, resumed)
+
+    def let_go(self, name: str) -> None:
+        """Stop working under ``name``; it is handed on once its users are done (:meth:`releasable`)."""
+        if name not in self._held:
+            return
+        self._held.discard(name)
+        self._leaving.add(name)
+        for lost in self._lost_events.get(name, ()):
+            lost.set()
+        self.on_leaving(name)
+        self.work.set()
+
+    def drop_all(self) -> set[str]:
+        """Redis no longer says this instance holds anything (it was taken for dead): stop all work, hand
+        nothing on. Returns what was held."""
+        dropped = self._held | self._leaving
+        for name in list(self._held):
+            self.let_go(name)
+        self._leaving.clear()
+        return dropped
+
+    def releasable(self) -> set[str]:
+        """Leases let go of that nothing here uses any more."""
+        return {name for name in self._leaving if not self._users[name]}
+
+    def released(self, names: set[str]) -> None:
+        self._leaving -= names
+
+    def leaving(self) -> set[str]:
+        return set(self._leaving)
+
+    def in_use(self) -> bool:
+        return bool(self._users)
+
+    def stop(self) -> None:
+        """The daemon stops: let go of everything; nothing is gained any more."""
+        for name in list(self._held):
+            self.let_go(name)
+        self._stopped = True
+
+
+async def first_set(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    tasks = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,134 @@
+"""A site's instances in a real Redis: heartbeats, leases given once, and taking over a dead instance."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from msgbusd.store.instances import InstanceStore
+from msgbusd.store.leases import Leases
+from wire import keys
+
+LEASE_S = 5.0
+
+
+async def test_a_free_lease_goes_to_its_live_pick_and_stays_with_a_live_holder(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    await store.heartbeat("a", {}, 60)
+    await store.heartbeat("b", {}, 60)
+    assert await store.claim("a", {"7": "b", "8": "a"}, LEASE_S, "none") == {"7": "b", "8": "a"}
+    # Held by live instances: another proposal changes nothing.
+    assert await store.claim("b", {"7": "a", "8": "b"}, LEASE_S, "none") == {"7": "b", "8": "a"}
+
+
+async def test_a_lease_of_a_dead_instance_or_proposed_to_one_goes_to_the_caller(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    await store.heartbeat("a", {}, 60)
+    await async_redis.zadd(keys.INSTANCES, {"gone": 1.0})
+    await async_redis.hset(keys.OWNERS, "7", "gone")
+    assert await store.claim("a", {"7": "gone", "8": "never-seen"}, LEASE_S, "none") == {"7": "a", "8": "a"}
+
+
+async def test_the_holder_is_told_of_new_work_on_its_wake_channel(async_redis: aioredis.Redis) -> None:
+    store = InstanceStore(async_redis)
+    await store.heartbeat("a", {}, 60)
+    await store.heartbeat("b", {}, 60)
+    pubsub = async_redis.pubsub()
+    await pubsub.subscribe(keys.wake_channel("b"))
+    await pubsub.get_message(timeout=1)  # the subscription's confirmation
+    await store.claim("a", {"7": "b"}, LEASE_S, "changed")  # given to b: told
+    await store.claim("a", {"7": "b"}, LEASE_S, "changed")  # unchanged: not told
+    await store.claim("a", {"7": "b"}, LEASE_S, "all")  # new work: told
+    await store.hand_over("b", {"7": "a"})  # b hands it on: a is told, not b
+    told = []
+    while (message := await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)) is not None:
+        told.append(message["data"])
+    await pubsub.aclose()  # type: ignore[no-untyped-call]
+    assert told == [b"7", b"7"]
+    assert await store.holders() == {"7": "a"}
+
+
+async def test_only_the_holder_hands_a_lease_on(async_redis: aioredis.Redis) -> None:
+    store = InstanceStore(async_redis)
+    await store.heartbeat("a", {}, 60)
+    await store.claim("a", {"7": "a", "8": "a"}, LEASE_S, "none")
+    assert await store.hand_over("b", {"7": "b"}) == 0
+    assert await store.hand_over("a", {"7": "b", "8": ""}) == 2
+    assert await store.holders() == {"7": "b"}
+
+
+async def test_a_dead_instance_is_buried_once_and_its_items_go_back_to_the_head_in_order(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    beat = await store.heartbeat("dead", {"listen": "x"}, 60)
+    await async_redis.rpush(keys.LOCAL, b"3")
+    await async_redis.rpush(keys.instance_processing(keys.LOCAL, "dead"), b"1", b"2")
+    await async_redis.rpush(keys.instance_processing(keys.REPLY, "dead"), b"r")
+    # It beat after the time it was judged by: alive after all, nothing moves.
+    last_beat = beat.beats["dead"]
+    assert await store.bury("dead", last_beat - 1, keys.SYSTEM_QUEUES) is None
+    assert await async_redis.llen(keys.instance_processing(keys.LOCAL, "dead")) == 2
+    assert await store.bury("dead", last_beat, keys.SYSTEM_QUEUES) == 3
+    assert await async_redis.lrange(keys.LOCAL, 0, -1) == [b"1", b"2", b"3"]
+    assert await async_redis.lrange(keys.REPLY, 0, -1) == [b"r"]
+    assert await async_redis.zscore(keys.INSTANCES, "dead") is None
+    assert await store.describe("dead") == {}
+    assert await store.bury("dead", last_beat, keys.SYSTEM_QUEUES) == 0
+
+
+async def test_a_heartbeat_says_whether_the_instance_was_still_counted(async_redis: aioredis.Redis) -> None:
+    store = InstanceStore(async_redis)
+    first = await store.heartbeat("a", {"owned": "0"}, 60)
+    second = await store.heartbeat("a", {"owned": "2"}, 60)
+    await store.leave("a")
+    after_leaving = await store.heartbeat("a", {}, 60)
+    assert (first.was_present, second.was_present, after_leaving.was_present) == (False, True, False)
+    assert second.now >= first.now and set(second.beats) == {"a"}
+    assert (
+        await store.describe("a") == {}
+    )  # leaving removed what it said of itself; the last beat said nothing
+
+
+async def test_a_lease_goes_only_once_its_work_is_done() -> None:
+    leases = Leases("a")
+    leaving: list[str] = []
+    leases.on_leaving = leaving.append
+    leases.gained("7")
+    with leases.using("7"):
+        leases.let_go("7")
+        assert not leases.holds("7") and leaving == ["7"]
+        assert leases.releasable() == set()
+    assert leases.releasable() == {"7"}
+    # While it is being handed on, work wanting it waits for its next holder instead of claiming it back.
+    leases.want("7")
+    assert leases.take_claims() == (set(), set())
+
+
+async def test_work_under_a_lease_runs_while_it_is_held_and_stops_when_it_goes() -> None:
+    leases = Leases("a")
+    stopping = asyncio.Event()
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def work(lost: asyncio.Event) -> None:
+        started.set()
+        await lost.wait()
+        stopped.set()
+
+    runner = asyncio.create_task(leases.run_while_held(keys.LOCAL_LEASE, work, stopping))
+    await asyncio.sleep(0.05)
+    assert not started.is_set()
+    leases.gained(keys.LOCAL_LEASE)
+    await asyncio.wait_for(started.wait(), 5)
+    assert leases.releasable() == set()
+    leases.let_go(keys.LOCAL_LEASE)
+    await asyncio.wait_for(stopped.wait(), 5)
+    await asyncio.sleep(0.01)
+    assert leases.releasable() == {keys.LOCAL_LEASE}
+    stopping.set()
+    await asyncio.wait_for(runner, 5)
