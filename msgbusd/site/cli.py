@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
@@ -206,6 +207,14 @@ def site_settings(
             help="Listen with SO_REUSEPORT, so that the site's processes on this machine share --listen.",
         ),
     ] = False,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Run this many processes of the site, sharing --listen (--reuse-port), under this one, "
+            "which starts again one that dies and passes SIGTERM on to all.",
+        ),
+    ] = 1,
 ) -> Settings:
     """Run a msgbus site: relay RMB messages between this site's Redis and other sites over HTTP."""
     level = LOG_LEVELS.get(log_level.lower())
@@ -252,6 +261,7 @@ def site_settings(
         instance=instance,
         instance_lease_s=instance_lease,
         reuse_port=reuse_port,
+        processes=processes,
     )
     configure_logging(level)
     return settings
@@ -285,6 +295,15 @@ def command() -> typer.Typer:
             ]
         except StartupError as exc:
             raise SystemExit(f"msgbusd: error: {exc}") from None
+        if settings.processes > 1:
+            if any(companion is not None for companion in made):
+                raise SystemExit(
+                    "msgbusd: error: the rules router runs in one process: give it a msgbusd of its own, "
+                    "without --processes"
+                )
+            from msgbusd.site.supervisor import supervise
+
+            raise SystemExit(supervise(sys.argv[1:], settings.processes))
         from msgbusd.site.runner import run
 
         with (

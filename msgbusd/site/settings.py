@@ -77,3 +77,5 @@ class Settings:
     instance_lease_s: float = 5.0
     # Listen with SO_REUSEPORT, so that the site's processes on this machine share one address.
     reuse_port: bool = False
+    # Run this many processes of the site under one parent (msgbusd.site.supervisor); 1: this one.
+    processes: int = 1

@@ -1,0 +1,78 @@
+"""``msgbusd --processes N``: a group of a site's processes under one parent that keeps N running."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from msgbusd.site.supervisor import child_arguments
+from testing.local_sites import LocalCluster, wait_until
+from tests.faults.harness import DAEMON_ARGS
+from tests.support.services import RawService, pop_replies, push_request
+from wire import keys
+
+pytestmark = pytest.mark.timeout(180)
+
+CMD = "group.echo"
+
+
+def children(pid: int) -> set[int]:
+    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+@pytest.fixture
+def group_of_three() -> Iterator[LocalCluster]:
+    cluster = LocalCluster(size=2, extra_args=DAEMON_ARGS).prepare()
+    cluster.sites[0].extra_args = [*DAEMON_ARGS, "--processes", "3"]
+    try:
+        cluster.launch()
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+def answered(sender: redis.Redis, count: int) -> bool:
+    rets = [push_request(sender, [2], CMD, str(i).encode(), exp=60, retries=5) for i in range(count)]
+    return all(pop_replies(sender, ret, 1, timeout_s=30)[0].err == "" for ret in rets)
+
+
+def test_a_process_of_the_group_killed_is_started_again_while_requests_flow(
+    group_of_three: LocalCluster,
+) -> None:
+    cluster = group_of_three
+    parent = cluster.sites[0].process
+    assert parent is not None
+    sender = redis.Redis.from_url(cluster.redis[0].url)
+    wait_until(lambda: len(children(parent.pid)) == 3, 30, "three processes")
+    wait_until(lambda: sender.zcard(keys.INSTANCES) == 3, 30, "three live instances")
+    with RawService(cluster.redis[1].url, CMD):
+        assert answered(sender, 20)
+        first = children(parent.pid)
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        # Requests pushed right after the kill are answered too (its items and leases are taken over).
+        assert answered(sender, 20)
+        wait_until(lambda: len(children(parent.pid) - {victim}) == 3, 30, "a new third process")
+        wait_until(lambda: sender.zcard(keys.INSTANCES) == 3, 30, "three live instances again")
+        assert answered(sender, 20)
+    assert "ended (signal 9); starting another" in cluster.sites[0].log()
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) == 0
+    assert sender.zcard(keys.INSTANCES) == 0, "each process left the site as it stopped"
+    sender.close()
+
+
+def test_the_processes_get_the_command_line_without_processes_and_with_reuse_port() -> None:
+    assert child_arguments(["--twin", "1", "--processes", "3", "--listen", "[::]:1"]) == [
+        "--twin",
+        "1",
+        "--listen",
+        "[::]:1",
+        "--reuse-port",
+    ]
+    assert child_arguments(["--processes=2", "--reuse-port"]) == ["--reuse-port"]
