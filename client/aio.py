@@ -25,6 +25,7 @@ from client.protocol import (
 )
 from client.replies import Reply
 from wire import keys
+from wire.redis_url import async_client
 
 
 class AsyncClient:
@@ -41,7 +42,7 @@ class AsyncClient:
 
     def __init__(self, redis: str | Redis = DEFAULT_REDIS_URL) -> None:
         if isinstance(redis, str):
-            self._redis: Redis = Redis.from_url(redis)
+            self._redis: Redis = async_client(redis)
             self._owned = True
         elif isinstance(redis, Redis):
             self._redis = redis

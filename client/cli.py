@@ -41,6 +41,7 @@ from client.service import Service
 from client.status import DEFAULT_SITE_URL, DEFAULT_TIMEOUT_S, open_redis
 from client.status_command import show_status
 from client.sync import Client
+from wire.redis_url import sync_client
 
 app = typer.Typer(
     name="msgbus",
@@ -378,13 +379,12 @@ for _entry in entry_points(group="msgbus.commands"):
 def backlog_dump(redis_url: RedisOption = DEFAULT_REDIS_URL) -> None:
     """Print one JSON line per pending entry (requests awaiting replies, scheduled re-sends, replies being
     forwarded, queued items, dead letters), with ages and deadlines; `msgbus mine --backlog` reads them."""
-    from redis import Redis
 
     from client.backlog_dump import dump
 
     with redis_errors(redis_url):
         try:
-            redis = Redis.from_url(redis_url)
+            redis = sync_client(redis_url)
         except ValueError as exc:
             fail(f"invalid Redis URL {redact(redis_url)!r}: {exc}", EXIT_USAGE)
         with redis:

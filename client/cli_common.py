@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from wire.redis_url import redacted
 
 EXIT_REPLY_ERROR = 1
 EXIT_USAGE = 2
@@ -35,11 +36,4 @@ def redis_errors(redis_url: str) -> Iterator[None]:
         fail(f"Redis error at {redact(redis_url)}: {exc}", EXIT_REDIS)
 
 
-def redact(url: str) -> str:
-    """The URL without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+redact = redacted

@@ -26,6 +26,7 @@ from client.request import HandlerResult, Request, encode_result, reply_envelope
 from client.service_run import ServiceRun
 from wire import keys
 from wire.envelope import Envelope, EnvelopeDecodeError, decode_payload
+from wire.redis_url import async_client
 from wire.reliable_list import ReliableList
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class Service:
         """
         if not self._handlers:
             raise RuntimeError("no handler registered")
-        conn = Redis.from_url(self._redis) if isinstance(self._redis, str) else self._redis
+        conn = async_client(self._redis) if isinstance(self._redis, str) else self._redis
         socket_timeout = conn.connection_pool.connection_kwargs.get("socket_timeout")
         executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="msgbus-handler")
         stopping = stopping or asyncio.Event()

@@ -21,6 +21,7 @@ from redis.retry import Retry
 
 from client.cli_common import redact
 from wire import keys
+from wire.redis_url import sync_client
 from wire.site_status import Traffic, optional_number
 
 DEFAULT_SITE_URL = "http://127.0.0.1:8051"
@@ -165,7 +166,7 @@ def gather(redis_url: str, site_url: str, *, timeout_s: float = DEFAULT_TIMEOUT_
 def open_redis(redis_url: str, timeout_s: float) -> Redis:
     """A client that fails within ``timeout_s`` and does not retry: a Redis that is away is reported, not
     waited for. Raises ValueError for an unusable URL."""
-    return Redis.from_url(
+    return sync_client(
         redis_url,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,

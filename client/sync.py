@@ -25,6 +25,7 @@ from client.protocol import (
 )
 from client.replies import Reply
 from wire import keys
+from wire.redis_url import sync_client
 
 
 class Client:
@@ -42,7 +43,7 @@ class Client:
 
     def __init__(self, redis: str | Redis = DEFAULT_REDIS_URL) -> None:
         if isinstance(redis, str):
-            self._redis: Redis = Redis.from_url(redis)
+            self._redis: Redis = sync_client(redis)
             self._owned = True
         elif isinstance(redis, Redis):
             self._redis = redis

@@ -25,6 +25,7 @@ from router import store
 from router.loading import load_files, load_text
 from router.rules import ENDPOINT, RULE, DocumentError, RouterObject
 from router.validation import Catalog, ValidationError, rule_kind
+from wire.redis_url import sync_client
 
 EXIT_REFUSED = 1
 EXIT_INVALID = 2
@@ -211,7 +212,7 @@ def _time(at_s: float) -> str:
 @contextmanager
 def _store(redis_url: str) -> Iterator[Redis]:
     try:
-        redis = Redis.from_url(redis_url)
+        redis = sync_client(redis_url)
     except ValueError as exc:
         fail(f"invalid Redis URL {redact(redis_url)!r}: {exc}", EXIT_USAGE)
     with redis, redis_errors(redis_url):

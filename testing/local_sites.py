@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from msgbusd.identity.keys import load_signer, new_mnemonic
 from twin_resolver.base import Twin
 from twin_resolver.static import write_twin_file
@@ -103,6 +105,8 @@ class RedisProcess:
     password: str | None = None
     # Serve TLS only, with a certificate from a CA made for it (needs the openssl command).
     tls: bool = False
+    # A replica of the redis-server on this port.
+    replica_of: int | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -134,6 +138,8 @@ class RedisProcess:
         ]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         if self.tls:
             self._make_certificates()
             args += ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
@@ -142,6 +148,11 @@ class RedisProcess:
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: port_open(self.port), what=f"redis-server on port {self.port}")
         return self
+
+    def in_sync(self) -> bool:
+        """This replica has copied its master's data and follows it."""
+        with redis.Redis(port=self.port) as conn:
+            return bool(conn.info("replication").get("master_link_status") == "up")
 
     def _make_certificates(self) -> None:
         def openssl(*args: str) -> None:
@@ -302,15 +313,15 @@ class LocalCluster:
         """Start the Redis servers and choose each site's port, without starting the daemons yet."""
         try:
             for index in range(self.size):
-                redis = RedisProcess(
+                server = RedisProcess(
                     appendonly=self.redis_appendonly, password=self.redis_password, tls=self.redis_tls
                 ).start()
-                self.redis.append(redis)
+                self.redis.append(server)
                 twin = index + 1
                 shared_port = ["--reuse-port"] if self.processes > 1 else []
                 site = SiteProcess(
                     twin=twin,
-                    redis_url=redis.url,
+                    redis_url=server.url,
                     twins_file=self.twins_file,
                     key_type=self.key_type,
                     extra_args=[*self.extra_args, *shared_port],
@@ -361,6 +372,6 @@ class LocalCluster:
         for siblings in self.siblings.values():
             for sibling in siblings:
                 sibling.stop()
-        for redis in self.redis:
-            redis.cleanup()
+        for server in self.redis:
+            server.cleanup()
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -25,6 +25,8 @@ PROCESS_MODULES = {
     "site/test_processes.py",
     "site/test_redis_auth_tls.py",
     "site/test_two_sites.py",
+    "store/test_replication.py",
+    "test_sentinel_clients.py",
     "test_client_order.py",
     "test_client_taken.py",
     "test_demo.py",

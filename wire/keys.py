@@ -118,6 +118,8 @@ DEADLINES = "msgbus.system.deadlines"
 REPLIES = "msgbus.system.replies"
 # hash: "<dst>|<uid>" -> JSON {"first": unix s, "attempts": n, "deadline": unix s} of a reply being forwarded.
 REPLY_STATE = "msgbus.system.replies.state"
+# string int: written before each WAIT of --redis-wait-replicas (see msgbusd.store.replication).
+REPLICATED = "msgbus.system.replicated"
 # string: the twin of the daemon serving this Redis, written at its start (for snapshots of the backlog).
 SITE_TWIN = "msgbus.system.twin"
 

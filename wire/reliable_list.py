@@ -124,10 +124,12 @@ async def consume_in_order(
     block_s: float,
     turned: Callable[[], None] = lambda: None,
     retry: Backoff = REDIS_RECONNECT,
+    retry_soon: tuple[type[Exception], ...] = (),
 ) -> None:
     """Take up to ``batch`` items at a time and hand each batch to ``handle`` before taking the next, so
     items are handled in queue order, until ``stopping`` is set. ``handle`` acknowledges each item it is done
-    with; ``turned`` is called at every turn of the loop (a heartbeat).
+    with; ``turned`` is called at every turn of the loop (a heartbeat). After a failure of one of the kinds
+    ``retry_soon`` (which took its time already), the next try waits the shortest delay, not a growing one.
 
     What a previous consumer left in the processing list is taken back first. So is, after a failure, what
     this loop left there: a pop whose answer Redis did not send before it went away (a restart does not
@@ -149,7 +151,7 @@ async def consume_in_order(
                 await handle(items)
             failures = 0
         except Exception as exc:
-            failures += 1
+            failures = 1 if isinstance(exc, retry_soon) else failures + 1
             take_back = "after a failure"
             delay = retry.delay_s(failures)
             if isinstance(exc, RedisError | OSError):

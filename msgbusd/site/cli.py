@@ -112,7 +112,22 @@ def site_settings(
     twins: Annotated[
         Path | None, typer.Option(help="Static twin map (JSON); used instead of the chain.")
     ] = None,
-    redis: Annotated[str, typer.Option(help="The site's Redis.")] = DEFAULT_REDIS_URL,
+    redis: Annotated[
+        str,
+        typer.Option(
+            help="The site's Redis: redis://, rediss://, unix://, or through Redis Sentinel: "
+            "redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]."
+        ),
+    ] = DEFAULT_REDIS_URL,
+    redis_wait_replicas: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Acknowledge a hand-off (a local request accepted, a message taken at the door, a reply "
+            "recorded) only once this many replicas of the site's Redis have it (Redis WAIT), so that a "
+            "failover loses none; 0: once the master has it.",
+        ),
+    ] = 0,
     listen: Annotated[str, typer.Option(help="HTTP address for other sites.")] = "[::]:8051",
     workers: Annotated[
         int, typer.Option(min=1, help="Destination twins sent to at once (the others wait for a turn).")
@@ -239,6 +254,7 @@ def site_settings(
         twin_stale_for_s=twin_stale_for,
         twin_lookup_timeout_s=twin_lookup_timeout,
         redis_url=redis,
+        redis_wait_replicas=redis_wait_replicas,
         listen_host=host,
         listen_port=port,
         workers=workers,

@@ -45,11 +45,13 @@ from msgbusd.site.status import STATUS_TIMEOUT_S, StatusEndpoint, StatusReport
 from msgbusd.store.instances import InstanceStore
 from msgbusd.store.leases import Leases
 from msgbusd.store.queues import Store
+from msgbusd.store.replication import Replication, ReplicationError
 from twin_resolver.base import Resolver
 from twin_resolver.cache import CachedResolver
 from wire import keys
 from wire.backoff import Backoff, sleep_unless
 from wire.envelope import envelope_size_limit
+from wire.redis_url import async_client, redacted
 from wire.reliable_list import ReliableList, consume_in_order
 
 log = logging.getLogger("msgbusd")
@@ -110,10 +112,7 @@ def open_redis(settings: Settings, max_connections: int, wait_s: float | None = 
     options["health_check_interval"] = 30
     if not settings.redis_url.startswith("unix:"):
         options |= {"socket_keepalive": True, "socket_keepalive_options": REDIS_KEEPALIVE}
-    pool = aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=max_connections, timeout=wait_s, **options
-    )
-    return aioredis.Redis.from_pool(pool)
+    return async_client(settings.redis_url, max_connections=max_connections, wait_s=wait_s, **options)
 
 
 def open_http(settings: Settings) -> HttpClients:
@@ -255,7 +254,7 @@ class Daemon:
             self.site.twin,
             self.site.settings.listen_host,
             self.site.settings.listen_port,
-            _redacted(self.site.settings.redis_url),
+            redacted(self.site.settings.redis_url),
         )
         self.ready.set()
 
@@ -315,6 +314,7 @@ class Daemon:
             batch=POP_BATCH,
             block_s=self.site.settings.pop_block_s,
             turned=functools.partial(self._beat, queue),
+            retry_soon=(ReplicationError,),
         )
 
     async def _timers(self, lost: asyncio.Event) -> None:
@@ -337,14 +337,6 @@ class Daemon:
             await sleep_unless(lost, settings.tick_s)
 
 
-def _redacted(url: str) -> str:
-    head, sep, tail = url.rpartition("@")
-    if not sep:
-        return url
-    scheme, _, _credentials = head.partition("://")
-    return f"{scheme}://***@{tail}"
-
-
 async def open_site(
     settings: Settings, signer: Signer, resolver: Resolver, clock: Callable[[], float] = time.time
 ) -> Site:
@@ -354,7 +346,7 @@ async def open_site(
         await redis.ping()
     except (RedisError, OSError) as exc:
         await redis.aclose()
-        raise StartupError(f"cannot connect to Redis at {_redacted(settings.redis_url)}: {exc}") from exc
+        raise StartupError(f"cannot connect to Redis at {redacted(settings.redis_url)}: {exc}") from exc
     twin = settings.twin
     if twin is None:
         from twin_resolver.accounts import ss58_encode
@@ -379,7 +371,8 @@ async def open_site(
     )
     inflight = InFlight(metrics)
     instance_id = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
-    store = Store(redis, instance_id)
+    replication = Replication(settings.redis_wait_replicas)
+    store = Store(redis, instance_id, replication)
     leases = Leases(instance_id)
     http = open_http(settings)
     # --max-message-size is the largest payload: HTTP bodies carry it base64-encoded in an envelope.
@@ -442,7 +435,7 @@ async def open_site(
     handlers = Handlers(store, items, twin, peers.kick_all, clock, metrics, events)
     door_redis = open_redis(settings, settings.redis_connections, wait_s=settings.door_redis_wait_s)
     door = Door(
-        Store(door_redis, instance_id),
+        Store(door_redis, instance_id, replication),
         resolver,
         signer,
         settings.freshness_s,

@@ -77,5 +77,7 @@ class Settings:
     instance_lease_s: float = 5.0
     # Listen with SO_REUSEPORT, so that the site's processes on this machine share one address.
     reuse_port: bool = False
+    # Hand-offs the daemon acknowledges wait until this many replicas of its Redis have them (WAIT).
+    redis_wait_replicas: int = 0
     # Run this many processes of the site under one parent (msgbusd.site.supervisor); 1: this one.
     processes: int = 1

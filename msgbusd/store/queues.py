@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
+from msgbusd.store.replication import Replication
 from msgbusd.store.script_batch import ScriptBatch
 from msgbusd.store.send_queues import SendQueues, text
 from wire import keys
@@ -212,9 +213,13 @@ def reply_member(key: str) -> str:
 class Store(SendQueues):
     """msgbusd's view of its Redis. Takes an open ``redis.asyncio.Redis``; never creates one."""
 
-    def __init__(self, redis: aioredis.Redis, instance: str | None = None) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, instance: str | None = None, replication: Replication | None = None
+    ) -> None:
         super().__init__(redis)
         self.instance = instance
+        # The hand-offs the daemon acknowledges (to a peer, or by removing a taken item) wait for this.
+        self._replication = replication
         self._hand_over = redis.register_script(_HAND_OVER)
         self._dead_letter = redis.register_script(_DEAD_LETTER)
         self._accept_request = redis.register_script(_ACCEPT_REQUEST)
@@ -235,7 +240,7 @@ class Store(SendQueues):
     async def hand_over_many(self, queue: str, items: Sequence[tuple[bytes, str, bytes]]) -> list[bool]:
         """For each ``(raw, target, payload)``: LPUSH ``payload`` onto ``target`` and ack ``raw``, atomically,
         all in one round trip; False for an item that had already been handed over."""
-        batch = ScriptBatch(self.redis)
+        batch = ScriptBatch(self.redis, self._replication)
         for raw, target, payload in items:
             batch.script(self._hand_over, [self.processing(queue), target], [raw, payload, 0])
         return [bool(done) for done in await batch.run()]
@@ -263,14 +268,16 @@ class Store(SendQueues):
 
     async def push(self, queue: str, payload: bytes) -> None:
         """RPUSH onto a system queue."""
-        await self.redis.rpush(queue, payload)
+        batch = ScriptBatch(self.redis, self._replication)
+        batch.command("rpush", queue, payload)
+        await batch.run()
 
     async def queue_from_peers(self, items: Sequence[Inbound]) -> list[bool]:
         """Queue what other sites sent, in one round trip; a request already accepted within its lifetime
         (same source twin and seen id) is not queued again (False)."""
         if not items:
             return []
-        batch = ScriptBatch(self.redis)
+        batch = ScriptBatch(self.redis, self._replication)
         for item in items:
             if item.seen_id:
                 batch.script(
@@ -306,7 +313,7 @@ class Store(SendQueues):
         """Record each local request for each of its destinations (uid, backlog, deadline, send queue) and
         ack its raw item, atomically per request, in one round trip. Returns each request's uids, in the
         order of its destinations, or None for one that had already been accepted."""
-        batch = ScriptBatch(self.redis)
+        batch = ScriptBatch(self.redis, self._replication)
         for request in requests:
             script_keys = [self.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
             for dst in request.destinations:
@@ -374,7 +381,7 @@ class Store(SendQueues):
         raw item is acked from that queue's processing list whether it was delivered or not. For each
         outcome delivered, the request's deadline (unix seconds; -1 if it had none); None for the others."""
         processing = self.processing(ack_queue) if ack_queue else ""
-        batch = ScriptBatch(self.redis)
+        batch = ScriptBatch(self.redis, self._replication)
         for outcome in outcomes:
             ttl = 0 if keys.is_system_queue(outcome.ret) else keys.RETURN_QUEUE_TTL_S
             batch.script(
@@ -415,7 +422,7 @@ class Store(SendQueues):
         reply, in one round trip. Each one's result: :data:`REPLY_QUEUED`, :data:`REPLY_TAKEN_BEFORE` (an
         earlier try recorded it), or :data:`REPLY_KEY_TAKEN` (another reply to the same twin and uid waits to
         be forwarded: this one went to the dead letters, with :func:`already_waiting_text`)."""
-        batch = ScriptBatch(self.redis)
+        batch = ScriptBatch(self.redis, self._replication)
         for reply in replies:
             script_keys = [self.processing(queue), keys.REPLIES, keys.REPLY_STATE]
             script_keys += [keys.send_queue(reply.dst), keys.DESTINATIONS, keys.DEAD_LETTER]

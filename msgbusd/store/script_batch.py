@@ -16,11 +16,14 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from msgbusd.store.replication import Replication
+
 
 class ScriptBatch:
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, replication: Replication | None = None) -> None:
         self._pipe = redis.pipeline(transaction=False)
         self._calls: list[tuple[AsyncScript, list[Any], list[Any]] | None] = []
+        self._replication = replication
 
     def script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> None:
         self._pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -36,7 +39,11 @@ class ScriptBatch:
         if not self._calls:
             return []
         async with self._pipe as pipe:
+            # On the pipeline's one connection: WAIT covers the writes of its own client.
+            waits = self._replication.queue_on(pipe) if self._replication else (False, 0)
             answers = list(await pipe.execute(raise_on_error=False))
+        if self._replication is not None:
+            self._replication.check(answers, *waits)
         for index, (answer, call) in enumerate(zip(answers, self._calls, strict=True)):
             if isinstance(answer, NoScriptError) and call is not None:
                 script, keys, args = call

@@ -52,7 +52,15 @@ def kill_at_random(processes: list[SiteProcess], until: float, kills: Counter[in
     while time.monotonic() < until:
         time.sleep(chance.uniform(0.4, 1.5))
         running = [index for index in range(len(processes)) if index not in restarting]
-        index = chance.choice(running)
+        # Each site keeps one process running (killing its last would be a site down, another scenario).
+        candidates = [
+            index
+            for index in running
+            if sum(processes[other].twin == processes[index].twin for other in running) > 1
+        ]
+        if not candidates:
+            continue
+        index = chance.choice(candidates)
         processes[index].kill()
         kills[processes[index].twin] += 1
         restarting.add(index)

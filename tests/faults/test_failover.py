@@ -1,0 +1,145 @@
+"""A site whose Redis fails over: a master with one replica and three real redis-sentinel processes, the
+daemon reaching it with a redis+sentinel:// URL and acknowledging hand-offs only once the replica has them
+(--redis-wait-replicas 1). The master is killed (-9) while requests flow; once the sentinels have promoted
+the replica, the old master is started again (as systemd would) and becomes the new master's replica."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from redis.exceptions import RedisError
+
+from testing.local_sentinel import SentinelGroup
+from testing.local_sites import LocalCluster, wait_until
+from tests.faults.harness import DAEMON_ARGS, PUSH_ONCE
+from tests.support.services import RawService
+from wire import keys
+from wire.envelope import Envelope, encode_payload
+from wire.redis_url import sync_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(400)]
+
+CMD = "failover.echo"
+REQUESTS = 1000
+BATCH = 20
+ANSWERING_AGAIN_WITHIN_S = 10.0
+
+
+@pytest.fixture
+def sentinel_site() -> Iterator[tuple[LocalCluster, SentinelGroup]]:
+    group = SentinelGroup().start()
+    cluster = LocalCluster(size=2, extra_args=DAEMON_ARGS).prepare()
+    cluster.sites[0].redis_url = group.url
+    cluster.sites[0].extra_args = [*DAEMON_ARGS, "--redis-wait-replicas", "1"]
+    try:
+        cluster.launch()
+        yield cluster, group
+    finally:
+        cluster.cleanup()
+        group.cleanup()
+
+
+class Caller:
+    """Pushes the requests through the sentinels, each batch once and only once the replica has it (a batch
+    lost with the master is pushed again), and collects the answers."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.ret = str(uuid.uuid4())
+        self.answers: Counter[int] = Counter()
+        self.pushed_at: dict[int, float] = {}
+        self.answered_at: dict[int, float] = {}
+        self.errors: Counter[str] = Counter()
+        self.collecting = threading.Event()
+
+    def push_all(self) -> None:
+        conn = sync_client(self.url, socket_timeout=2)
+        push_once = conn.register_script(PUSH_ONCE)
+        for start in range(0, REQUESTS, BATCH):
+            envelopes = [
+                Envelope(
+                    cmd=CMD,
+                    dst=(2,),
+                    ret=self.ret,
+                    dat=encode_payload(str(i).encode()),
+                    exp=90,
+                    retries=8,
+                    now=int(time.time()),
+                ).encode()
+                for i in range(start, start + BATCH)
+            ]
+            while True:
+                try:
+                    push_once(keys=[f"{self.ret}.pushed.{start}", keys.LOCAL], args=envelopes)
+                    # Pushed for good once the replica has it, or if the master has no replica (just after
+                    # the failover: there is nothing it could fail over to).
+                    replicated = int(conn.execute_command("WAIT", 1, 1000)) >= 1
+                    if replicated or not conn.execute_command("ROLE")[2]:
+                        self.pushed_at.update(dict.fromkeys(range(start, start + BATCH), time.monotonic()))
+                        break
+                except RedisError:
+                    pass
+                time.sleep(0.1)
+            time.sleep(0.03)
+        conn.close()
+
+    def collect(self) -> None:
+        conn = sync_client(self.url, socket_timeout=3)
+        while self.collecting.is_set():
+            try:
+                found = conn.blpop([self.ret], timeout=1)
+            except RedisError:
+                time.sleep(0.1)
+                continue
+            if found is not None:
+                reply = Envelope.decode(found[1])
+                self.answers[int(reply.payload)] += 1
+                self.answered_at.setdefault(int(reply.payload), time.monotonic())
+                if reply.err:
+                    self.errors[reply.err[:60]] += 1
+        conn.close()
+
+
+def test_the_master_killed_while_requests_flow(sentinel_site: tuple[LocalCluster, SentinelGroup]) -> None:
+    cluster, group = sentinel_site
+    caller = Caller(group.url)
+    service = RawService(cluster.redis[1].url, CMD)
+    service.start()
+    caller.collecting.set()
+    collector = threading.Thread(target=caller.collect, daemon=True)
+    collector.start()
+    pusher = threading.Thread(target=caller.push_all, daemon=True)
+    try:
+        pusher.start()
+        wait_until(lambda: len(caller.answers) >= REQUESTS * 0.3, 120, "30% of the answers")
+        old_master = group.master_port()
+        killed_at = time.monotonic()
+        (group.master if group.master.port == old_master else group.replica).kill()  # type: ignore[union-attr]
+        wait_until(lambda: group.master_port() != old_master, 60, "the sentinels to promote the replica")
+        failed_over_at = time.monotonic()
+        group.restart_old_master(old_master)
+        pusher.join()
+        wait_until(lambda: len(caller.answers) == REQUESTS, 180, f"{REQUESTS} answers")
+        time.sleep(1.0)  # a second answer would come soon after the first
+    finally:
+        caller.collecting.clear()
+        collector.join(timeout=5)
+        service.__exit__(None, None, None)
+    # From the failover to the first answer to a request pushed after it.
+    pushed_after = [index for index, at in caller.pushed_at.items() if at >= failed_over_at]
+    answering_again_s = min(caller.answered_at[index] for index in pushed_after) - failed_over_at
+    twice = {payload: times for payload, times in service.payloads.items() if times > 1}
+    extra = {index: times for index, times in caller.answers.items() if times > 1}
+    print(
+        f"failover {failed_over_at - killed_at:.1f}s after the kill; answering again "
+        f"{answering_again_s:.1f}s after it; errors {dict(caller.errors)}"
+    )
+    assert caller.errors == Counter()
+    assert twice == {}
+    assert extra == {}
+    assert answering_again_s <= ANSWERING_AGAIN_WITHIN_S

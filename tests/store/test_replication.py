@@ -1,0 +1,62 @@
+"""--redis-wait-replicas: writes wait for the replicas the master has, against real redis-servers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from msgbusd.store.replication import Replication, ReplicationError
+from msgbusd.store.script_batch import ScriptBatch
+from testing.local_sites import RedisProcess, wait_until
+
+
+async def pushed(client: aioredis.Redis, replication: Replication, value: str) -> None:
+    batch = ScriptBatch(client, replication)
+    batch.command("rpush", "replicated.list", value)
+    await batch.run()
+
+
+@pytest.fixture
+async def master_and_replica() -> AsyncIterator[tuple[RedisProcess, RedisProcess]]:
+    master = RedisProcess().start()
+    replica = RedisProcess(replica_of=master.port).start()
+    try:
+        wait_until(replica.in_sync, 20, "the replica to be in sync")
+        yield master, replica
+    finally:
+        replica.cleanup()
+        master.cleanup()
+
+
+async def test_a_write_is_done_once_the_replica_has_it(
+    master_and_replica: tuple[RedisProcess, RedisProcess],
+) -> None:
+    master, replica = master_and_replica
+    client = aioredis.Redis.from_url(master.url)
+    try:
+        await pushed(client, Replication(1), "a")
+        # The wait returned: the replica has it already, not eventually.
+        async with aioredis.Redis.from_url(replica.url) as on_replica:
+            assert await on_replica.lrange("replicated.list", 0, -1) == [b"a"]
+        replica.kill()
+        # The master has not noticed yet: the wait falls short, and says so.
+        with pytest.raises(ReplicationError, match="only 0 of 1 replica"):
+            await pushed(client, Replication(1, wait_ms=200), "b")
+    finally:
+        await client.aclose()
+
+
+async def test_a_master_without_a_replica_is_not_waited_for(async_redis: aioredis.Redis) -> None:
+    replication = Replication(1, wait_ms=200)
+    # Until the master says it has none, one is assumed and waited for in vain.
+    with pytest.raises(ReplicationError):
+        await pushed(async_redis, replication, "a")
+    await pushed(async_redis, replication, "b")
+    assert await async_redis.lrange("replicated.list", 0, -1) == [b"a", b"b"]
+
+
+async def test_without_replicas_asked_for_nothing_is_added(async_redis: aioredis.Redis) -> None:
+    await pushed(async_redis, Replication(0), "a")
+    assert await async_redis.exists("msgbus.system.replicated") == 0
