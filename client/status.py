@@ -54,6 +54,34 @@ return total
 """
 
 
+# An instance that does not say its lease (--instance-lease) is taken to have msgbusd's default.
+DEFAULT_LEASE_S = 5.0
+# Every daemon instance of the site: Redis's time, then per instance its id, last beat and what it said of
+# itself (field/value pairs). KEYS: instances. ARGV: the prefix of the instances' info keys.
+_INSTANCES = """
+local t = redis.call('TIME')
+local found = {tostring(tonumber(t[1]) + tonumber(t[2]) / 1000000)}
+local beats = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #beats, 2 do
+  found[#found + 1] = {beats[i], beats[i + 1], redis.call('HGETALL', ARGV[1] .. beats[i])}
+end
+return found
+"""
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """One msgbusd process of the site, as it last said in Redis."""
+
+    id: str
+    alive: bool
+    last_beat_s_ago: float
+    leases: int
+    sent_per_s: float
+    received_per_s: float
+    listen: str = ""
+
+
 @dataclass(frozen=True)
 class QueueDepth:
     """A system queue: items waiting, and items the daemon took and has not finished handing off."""
@@ -87,6 +115,10 @@ class RedisView:
     dead_letters: int
     newest_dead_letters: tuple[DeadLetter, ...]
     send_queues: dict[int, int]
+    # The site's msgbusd processes, and which holds each site-wide job (a destination's sending by its
+    # twin id, "local": taking local requests, "timers").
+    instances: tuple[InstanceView, ...] = ()
+    holders: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,8 @@ class PeerView:
     last_sent_at: float | None = None
     last_error: str = ""
     last_error_at: float | None = None
+    # The msgbusd process of the site that sends to it ("" when none holds it).
+    sender: str = ""
 
 
 @dataclass(frozen=True)
@@ -189,10 +223,12 @@ def read_redis(redis_url: str, now: float, timeout_s: float = DEFAULT_TIMEOUT_S)
         pipe.llen(keys.DEAD_LETTER)
         pipe.lrange(keys.DEAD_LETTER, 0, NEWEST_DEAD_LETTERS - 1)
         pipe.eval(_SEND_QUEUE_LENGTHS, 1, keys.DESTINATIONS, keys.SEND_QUEUE_PREFIX)
+        pipe.eval(_INSTANCES, 1, keys.INSTANCES, keys.instance_info(""))
+        pipe.hgetall(keys.OWNERS)
         answers = pipe.execute()
     twin, memory, *rest = answers
     depths, rest = rest[: 2 * len(keys.SYSTEM_QUEUES)], rest[2 * len(keys.SYSTEM_QUEUES) :]
-    backlog, replies, outbox, overdue, dead_letters, newest, lengths = rest
+    backlog, replies, outbox, overdue, dead_letters, newest, lengths, instances, holders = rest
     return RedisView(
         twin=int(twin) if twin is not None and twin.isdigit() else None,
         used_memory=int(memory.get("used_memory", 0)),
@@ -212,7 +248,41 @@ def read_redis(redis_url: str, now: float, timeout_s: float = DEFAULT_TIMEOUT_S)
         send_queues={
             int(twin): int(length) for twin, length in zip(lengths[::2], lengths[1::2], strict=True)
         },
+        instances=_instances(instances),
+        holders={_text(name): _text(holder) for name, holder in holders.items()},
     )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _instances(found: list[Any]) -> tuple[InstanceView, ...]:
+    now, *entries = found
+    views = []
+    for instance, beat, flat in entries:
+        info = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        age = float(now) - float(beat)
+        lease_s = _number(info.get("lease"), DEFAULT_LEASE_S)
+        views.append(
+            InstanceView(
+                id=_text(instance),
+                alive=age <= lease_s,
+                last_beat_s_ago=round(age, 3),
+                leases=int(_number(info.get("owned"), 0)),
+                sent_per_s=_number(info.get("sent_per_s"), 0.0),
+                received_per_s=_number(info.get("received_per_s"), 0.0),
+                listen=info.get("listen", ""),
+            )
+        )
+    return tuple(sorted(views, key=lambda view: view.id))
+
+
+def _number(text: str | None, default: float) -> float:
+    try:
+        return float(text) if text is not None else default
+    except ValueError:
+        return default
 
 
 def _dead_letter(raw: bytes) -> DeadLetter:
@@ -306,5 +376,10 @@ def merge_peers(daemon: DaemonView | None, redis: RedisView | None) -> tuple[Pee
     for twin in sorted(known.keys() | queued.keys()):
         queue = queued.get(twin, 0) if redis is not None else None
         peer = known.get(twin)
-        merged.append(replace(peer, queue=queue) if peer else PeerView(twin, "unknown", queue))
+        sender = redis.holders.get(str(twin), "") if redis is not None else ""
+        merged.append(
+            replace(peer, queue=queue, sender=sender)
+            if peer
+            else PeerView(twin, "unknown", queue, sender=sender)
+        )
     return tuple(merged)

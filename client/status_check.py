@@ -93,6 +93,13 @@ def _redis_problems(status: SiteStatus) -> list[str]:
             f"an item was dead-lettered {format_duration(status.checked_at - newest.at)} ago "
             f"({newest.queue}: {newest.reason})"
         )
+    for instance in redis.instances:
+        if not instance.alive:
+            silent = format_duration(instance.last_beat_s_ago)
+            problems.append(
+                f"msgbusd process {instance.id} has not beaten for {silent}: the site's other processes "
+                "take its work over"
+            )
     if redis.maxmemory and redis.used_memory >= MEMORY_WARNING_SHARE * redis.maxmemory:
         share = redis.used_memory / redis.maxmemory
         problems.append(f"Redis uses {share:.0%} of its maxmemory: at the limit it refuses writes")

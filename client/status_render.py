@@ -69,6 +69,8 @@ def render_table(status: SiteStatus, verdict: Verdict, *, colour: bool) -> str:
     lines = [*_heading(status, verdict, paint), ""]
     if status.redis is not None:
         lines += [*_queue_lines(status.redis, status.checked_at, paint), ""]
+    if status.redis is not None and status.redis.instances:
+        lines += [*_instance_lines(status.redis, paint), ""]
     if status.peers:
         lines += [*_peer_lines(status.peers, status.checked_at, paint), ""]
     if status.daemon is not None:
@@ -140,6 +142,28 @@ def _queue_lines(redis: RedisView, now: float, paint: Paint) -> list[str]:
     return lines
 
 
+def _instance_lines(redis: RedisView, paint: Paint) -> list[str]:
+    """One row per msgbusd process of the site, with the site-wide jobs it holds."""
+    jobs: dict[str, list[str]] = {}
+    for name, holder in redis.holders.items():
+        if not name.isdigit():
+            jobs.setdefault(holder, []).append(name)
+    rows: list[Sequence[Cell]] = [
+        [
+            (instance.id, ""),
+            ("alive", GREEN) if instance.alive else ("DEAD", RED),
+            (f"{format_duration(instance.last_beat_s_ago)} ago", ""),
+            (str(instance.leases), ""),
+            (f"{instance.sent_per_s:.1f}", ""),
+            (f"{instance.received_per_s:.1f}", ""),
+            (", ".join(sorted(jobs.get(instance.id, []))), ""),
+        ]
+        for instance in redis.instances
+    ]
+    headers = ["process", "state", "last beat", "leases", "sent/s", "received/s", "also runs"]
+    return _table(headers, rows, right=(3, 4, 5), paint=paint)
+
+
 def _peer_lines(peers: Sequence[PeerView], now: float, paint: Paint) -> list[str]:
     """One row per peer; its last error, when it has one, on the line below (errors are long)."""
     rows: list[Sequence[Cell]] = []
@@ -156,11 +180,12 @@ def _peer_lines(peers: Sequence[PeerView], now: float, paint: Paint) -> list[str
                 (probe, ""),
                 ("?" if peer.queue is None else str(peer.queue), ""),
                 (sent, ""),
+                (peer.sender, ""),
             ]
         )
         age = f" {format_duration(now - peer.last_error_at)} ago" if peer.last_error_at is not None else ""
         errors.append(f"        last error{age}: {peer.last_error}" if peer.last_error else "")
-    headers = ["peer", "state", "down since", "next probe", "queue", "last sent"]
+    headers = ["peer", "state", "down since", "next probe", "queue", "last sent", "sent by"]
     header, *lines = _table(headers, rows, right=(0, 4), paint=paint)
     return [
         header,

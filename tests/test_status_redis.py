@@ -137,3 +137,31 @@ def test_bad_urls_are_usage_errors() -> None:
     result = runner.invoke(app, ["status", "--site", "127.0.0.1:8051"])
     assert result.exit_code == 2
     assert "--site: '127.0.0.1:8051' is not an http:// or https:// URL" in result.output
+
+
+def test_the_site_processes_are_listed_with_what_they_hold(sync_redis: redis.Redis, redis_url: str) -> None:
+    now = float(sync_redis.time()[0])
+    sync_redis.zadd(keys.INSTANCES, {"edge:11": now - 0.5, "edge:12": now - 30})
+    sync_redis.hset(keys.instance_info("edge:11"), mapping={"owned": 3, "lease": 5, "sent_per_s": 12.5})
+    sync_redis.hset(keys.instance_info("edge:12"), mapping={"owned": 1, "lease": 5})
+    sync_redis.hset(keys.OWNERS, mapping={"2": "edge:11", keys.LOCAL_LEASE: "edge:11", "3": "edge:12"})
+    sync_redis.rpush(keys.instance_processing(keys.LOCAL, "edge:12"), b"x")
+    sync_redis.sadd(keys.DESTINATIONS, 2)
+    sync_redis.rpush(keys.send_queue(2), "req:2.1")
+
+    status = gather(redis_url, f"http://127.0.0.1:{free_port()}", timeout_s=2)
+
+    view = status.redis
+    assert view is not None
+    live, dead = view.instances
+    assert (live.id, live.alive, live.leases, live.sent_per_s) == ("edge:11", True, 3, 12.5)
+    assert (dead.id, dead.alive) == ("edge:12", False) and dead.last_beat_s_ago >= 29
+    # What a process holds in its processing list counts as being processed.
+    assert view.queues[0].processing == 1
+    assert [(peer.twin, peer.sender) for peer in status.peers] == [(2, "edge:11")]
+    assert any("msgbusd process edge:12 has not beaten for" in problem for problem in assess(status).problems)
+    table = runner.invoke(
+        app, ["status", "--redis", redis_url, "--site", "http://127.0.0.1:1", "--timeout", "2"]
+    )
+    (row,) = [line for line in table.stdout.splitlines() if line.startswith("  edge:11")]
+    assert row.split()[1:2] == ["alive"] and row.split()[-1] == "local"

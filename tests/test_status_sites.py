@@ -122,7 +122,10 @@ def test_a_peer_down_makes_the_site_degraded(cluster: LocalCluster) -> None:
     assert "DEGRADED (exit 1)" in table.stdout
     lines = table.stdout.splitlines()
     (row,) = [line for line in lines if line.split()[:2] == ["3", "down"]]
-    assert row.split()[-2:] == ["1", "-"], "1 message queued, none sent yet"
+    *_, queued, last_sent, sender = row.split()
+    assert [queued, last_sent] == ["1", "-"], "1 message queued, none sent yet"
+    # Sent by the site's one process, named by its instance id (HOST:PID).
+    assert sender == report["redis"]["holders"]["3"] and sender.endswith(f":{cluster.sites[0].process.pid}")
     assert "couldn't reach twin 3" in lines[lines.index(row) + 1]
 
 

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import time
 
-import httpx
 import pytest
 import redis
 
 from testing.local_sites import LocalCluster
+from tests.support.metrics import scrape
 from tests.support.services import RawService, pop_replies, push_request
 from tests.support.twin_source import TwinSource
 
 
 def twin_cache_counts(cluster: LocalCluster) -> dict[str, float]:
-    text = httpx.get(cluster.sites[0].url + "/metrics", trust_env=False).text
     prefix = 'msgbus_twin_cache_total{what="'
     return {
-        line[len(prefix) :].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(prefix)
+        name[len(prefix) :].split('"')[0]: value
+        for name, value in scrape(cluster.sites[0].url).items()
+        if name.startswith(prefix)
     }
 
 

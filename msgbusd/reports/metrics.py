@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Literal, TypeVar, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from starlette.requests import Request
@@ -133,6 +133,11 @@ class Metrics:
         self.links_open = Gauge(
             "msgbus_links_open", "Open links to other msgbus sites (either side opened them).", registry=reg
         )
+        self.site_instances = Gauge(
+            "msgbus_site_instances",
+            "Live msgbusd processes of the site (sharing its Redis), as seen at the last heartbeat.",
+            registry=reg,
+        )
         self.refresh_ok = Gauge(
             "msgbus_refresh_ok",
             "1 if the gauges were refreshed at this scrape, 0 if they are stale.",
@@ -145,6 +150,7 @@ class Metrics:
             self.errors.labels(cause=cause)
         for path in SEND_PATHS:
             self.send_seconds.labels(path=path)
+        self._exposed: Collector = self.registry
 
     def message(self, event: MessageEvent, count: int = 1) -> None:
         """Count ``count`` messages that went through ``event``."""
@@ -196,10 +202,18 @@ class Metrics:
         """Set the number of peers whose site does not answer."""
         self.peers_down.set(count)
 
+    def set_site_instances(self, count: int) -> None:
+        self.site_instances.set(count)
+
+    def label_instance(self, instance: str) -> None:
+        """Give every figure of this process (not those read from the site's Redis) an ``instance`` label:
+        a site may run several processes."""
+        self._exposed = _InstanceLabel(self.registry, instance)
+
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition text and its content type; ``accept`` (an Accept header) may ask for OpenMetrics."""
         encode, content_type = choose_encoder(accept)
-        return encode(self.registry), content_type
+        return encode(self._exposed), content_type
 
     async def scrape(self, accept: str = "", refresh: Refresh | None = None) -> tuple[bytes, str]:
         """Await ``refresh``, then :meth:`render`. A failed or slow refresh leaves stale gauges."""
@@ -220,6 +234,27 @@ def metrics_endpoint(metrics: Metrics, refresh: Refresh | None = None) -> ASGIAp
     """An ASGI app serving ``metrics``, for ``Route("/metrics", metrics_endpoint(m))``; ``refresh`` is
     awaited at each scrape to set the gauges."""
     return _MetricsApp(metrics, refresh)
+
+
+# Figures every process of a site reads from the same Redis: the same for all, so not per process.
+SITE_WIDE = frozenset({"msgbus_queue_length", "msgbus_requests_overdue", "msgbus_site_instances"})
+
+
+class _InstanceLabel(Collector):
+    """``registry``'s figures, each per-process one with an ``instance`` label."""
+
+    def __init__(self, registry: CollectorRegistry, instance: str) -> None:
+        self._registry = registry
+        self._instance = instance
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            if family.name not in SITE_WIDE:
+                family.samples = [
+                    sample._replace(labels={**sample.labels, "instance": self._instance})
+                    for sample in family.samples
+                ]
+            yield family
 
 
 class _TwinCacheCollector(Collector):

@@ -141,6 +141,7 @@ class Daemon:
         site.metrics.set_inflight(len(site.inflight))
         site.metrics.set_peers_down(site.peers.down_count())
         site.metrics.set_links_open(site.links.open_count() if site.links is not None else 0)
+        site.metrics.set_site_instances(len(site.instance.live))
 
     async def _health(self) -> dict[str, object]:
         return {
@@ -359,7 +360,9 @@ async def open_site(
             raise StartupError(
                 f"no twin found for this key ({ss58_encode(signer.public_key)}): {exc}; pass --twin N"
             ) from exc
+    instance_id = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
     metrics = Metrics()
+    metrics.label_instance(instance_id)
     if isinstance(resolver, CachedResolver):
         metrics.watch_twin_cache(resolver.stats)
     events = EventLog(
@@ -370,7 +373,6 @@ async def open_site(
         clock=clock,
     )
     inflight = InFlight(metrics)
-    instance_id = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
     replication = Replication(settings.redis_wait_replicas)
     store = Store(redis, instance_id, replication)
     leases = Leases(instance_id)
@@ -471,10 +473,21 @@ async def open_site(
             leases,
             lease_s=settings.instance_lease_s,
             queues=keys.SYSTEM_QUEUES,
-            describe=lambda: {"listen": f"{settings.listen_host}:{settings.listen_port}"},
+            describe=functools.partial(_describe, settings, metrics),
         ),
         leases=leases,
     )
+
+
+def _describe(settings: Settings, metrics: Metrics) -> dict[str, str]:
+    """What an instance says of itself at each heartbeat, for ``msgbus status``."""
+    traffic = metrics.recent.snapshot()
+    return {
+        "listen": f"{settings.listen_host}:{settings.listen_port}",
+        "lease": f"{settings.instance_lease_s:g}",
+        "sent_per_s": f"{traffic.sent_per_s:g}",
+        "received_per_s": f"{traffic.received_per_s:g}",
+    }
 
 
 def _send_when_held(leases: Leases, peers: Peers) -> None:

@@ -32,6 +32,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from router import keys, store
 from router.store import RuleStatus
 from testing.local_sites import free_port, wait_until
+from tests.support.metrics import samples
 from tests.support.router import HttpRecorder, RouterSites, endpoints_yaml, rule_yaml
 
 pytestmark = pytest.mark.timeout(120)
@@ -197,10 +198,7 @@ def error_of(response: httpx.Response) -> str:
 
 def mqtt_counter(http: httpx.Client, sites: RouterSites, what: str) -> float:
     """One of the edge's MQTT bridge counters, from its /metrics."""
-    prefix = f'msgbus_router_mqtt_total{{what="{what}"}} '
-    text = http.get(f"{sites.edge().url}/metrics").text
-    (line,) = [line for line in text.splitlines() if line.startswith(prefix)]
-    return float(line.removeprefix(prefix))
+    return samples(http.get(f"{sites.edge().url}/metrics").text)[f'msgbus_router_mqtt_total{{what="{what}"}}']
 
 
 def recorder_on(port: int) -> HttpRecorder:
