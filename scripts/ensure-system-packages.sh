@@ -1,6 +1,7 @@
 #!/bin/sh
-# Installs the system programs msgbus runs against (redis-server, mosquitto and its clients for the router's MQTT side, and a Java
-# runtime for the Spark job) when they are missing. Idempotent. The tests start their own mosquitto processes on
+# Installs the system programs msgbus runs against (redis-server, mosquitto and its clients for the router's MQTT side, a Java
+# runtime for the Spark job, and HAProxy, the load balancer the tests put in front of a site of several machines) when they
+# are missing. Idempotent. The tests start their own mosquitto processes on
 # free ports: the distribution's mosquitto service is not needed (on a machine with systemd it listens on 1883).
 set -eu
 
@@ -11,6 +12,8 @@ command -v java >/dev/null 2>&1 || missing="$missing openjdk-17-jre-headless"
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$missing mosquitto"
 # mosquitto_pub and mosquitto_sub, for trying the router by hand (docs/router.md).
 command -v mosquitto_pub >/dev/null 2>&1 || missing="$missing mosquitto-clients"
+# Debian puts haproxy in /usr/sbin too.
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$missing haproxy"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" = 0 ]; then

@@ -22,6 +22,7 @@ PROCESS_MODULES = {
     "router/test_mqtt_bridge.py",
     "sending/test_links.py",
     "site/test_daemon_cli.py",
+    "site/test_load_balancer.py",
     "site/test_processes.py",
     "site/test_redis_auth_tls.py",
     "site/test_two_sites.py",
