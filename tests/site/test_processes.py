@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,7 +59,12 @@ def test_a_process_of_the_group_killed_is_started_again_while_requests_flow(
         # Requests pushed right after the kill are answered too (its items and leases are taken over).
         assert answered(sender, 20)
         wait_until(lambda: len(children(parent.pid) - {victim}) == 3, 30, "a new third process")
-        wait_until(lambda: sender.zcard(keys.INSTANCES) == 3, 30, "three live instances again")
+        victim_id = f"{socket.gethostname()}:{victim}"
+        wait_until(
+            lambda: sender.zscore(keys.INSTANCES, victim_id) is None and sender.zcard(keys.INSTANCES) == 3,
+            30,
+            "the killed process taken over, and its successor live",
+        )
         assert answered(sender, 20)
     assert "ended (signal 9); starting another" in cluster.sites[0].log()
     parent.send_signal(signal.SIGTERM)
