@@ -420,12 +420,6 @@ class Peers:
             lane.missed = True
         lane.wake.set()
 
-    async def resume(self) -> None:
-        """Start a sender for every destination a previous run left messages for; each probes its peer
-        before it sends."""
-        for dst in await self.store.pending_destinations():
-            self.resume_one(dst)
-
     def resume_one(self, dst: int) -> None:
         """Start a sender for ``dst``, which may have messages another run (or instance) left; it probes
         its peer before it sends."""

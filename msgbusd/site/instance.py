@@ -124,6 +124,8 @@ class Instance:
                 self._beating_since = None
                 if self._clock() - self._last_beat_ok > self.lease_s * 0.8 and len(self._leases):
                     dropped = self._leases.drop_all()
+                    # Claimed again at the first beat that goes through (if no one took them meanwhile).
+                    self._next_sweep = 0.0
                     log.error(
                         "no heartbeat for %.1fs (redis: %s): stopped the work under %d lease(s); other "
                         "instances may take them over",

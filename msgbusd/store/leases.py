@@ -61,8 +61,12 @@ class Leases:
             self.work.set()
 
     def told(self, name: str) -> None:
-        """Another instance says ``name`` is ours now (or has work for us)."""
-        if not self._stopped:
+        """Another instance says ``name`` is ours now (claimed to make sure), or has work for us under it."""
+        if self._stopped:
+            return
+        if name in self._held:
+            self.on_gained(name, False)
+        else:
             self._told.add(name)
             self.work.set()
 

@@ -132,3 +132,15 @@ async def test_work_under_a_lease_runs_while_it_is_held_and_stops_when_it_goes()
     assert leases.releasable() == {keys.LOCAL_LEASE}
     stopping.set()
     await asyncio.wait_for(runner, 5)
+
+
+async def test_work_announced_for_a_held_lease_starts_at_once_without_a_claim() -> None:
+    leases = Leases("a")
+    started: list[tuple[str, bool]] = []
+    leases.on_gained = lambda name, resumed: started.append((name, resumed))
+    leases.gained("7")
+    leases.told("7")
+    leases.told("8")
+    assert started == [("7", False), ("7", False)]
+    # A lease not held here is claimed first (the announcement may be stale).
+    assert leases.take_claims() == (set(), {"8"})
