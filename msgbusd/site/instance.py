@@ -68,7 +68,7 @@ class Instance:
         self._describe = describe
         self._process = process or ProcessInfo.this()
         self._clock = clock
-        # The live instances at the last beat (with this one), and when each was first seen.
+        # The live instances at the last beat (with this one).
         self.live: list[str] = [self.id]
         self._last_beat_ok = -1e9
         # Since when beats have gone through one after the other: only then are other instances judged by
@@ -99,10 +99,14 @@ class Instance:
         others = [instance for instance in self.live if instance != self.id]
         names = self._leases.releasable()
         successors = {name: pick(name, others) if others else "" for name in names}
-        with contextlib.suppress(RedisError, OSError):
+        try:
             await self._store.hand_over(self.id, successors)
             await self._store.leave(self.id)
             log.info("left the site: %d lease(s) handed to %d other instance(s)", len(names), len(others))
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "could not leave the site (redis: %s): the others take over once its lease is out", exc
+            )
         self._leases.released(set(names))
 
     # --- the loops -----------------------------------------------------------------------------------------

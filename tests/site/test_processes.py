@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from msgbusd.site.instance import pick
 from msgbusd.site.supervisor import child_arguments
 from testing.local_sites import LocalCluster, wait_until
 from tests.faults.harness import DAEMON_ARGS
@@ -82,3 +83,47 @@ def test_the_processes_get_the_command_line_without_processes_and_with_reuse_por
         "--reuse-port",
     ]
     assert child_arguments(["--processes=2", "--reuse-port"]) == ["--reuse-port"]
+
+
+def names_sharing_the_work() -> tuple[str, str]:
+    """Two instance names between which twins 2 and 3 go to different processes."""
+    for number in range(100):
+        names = [f"a{number}", f"b{number}"]
+        if pick("2", names) != pick("3", names):
+            return names[0], names[1]
+    raise AssertionError("no such names")
+
+
+def test_each_destination_gets_its_requests_in_push_order_from_a_site_of_two_processes() -> None:
+    cluster = LocalCluster(size=3, processes=2, extra_args=DAEMON_ARGS).prepare()
+    # Named so that twins 2 and 3 are sent to by different processes of site 1, one of which also takes the
+    # local requests and tells the other of the ones for its twin.
+    first, second = names_sharing_the_work()
+    cluster.sites[0].extra_args = [*cluster.sites[0].extra_args, "--instance", first]
+    (sibling,) = cluster.siblings[1]
+    sibling.extra_args = [*sibling.extra_args, "--instance", second]
+    try:
+        cluster.launch()
+        sender = redis.Redis.from_url(cluster.redis[0].url)
+        wait_until(lambda: sender.zcard(keys.INSTANCES) == 2, 30, "both processes of site 1")
+        services = {twin: RawService(cluster.redis[twin - 1].url, CMD) for twin in (2, 3)}
+        for service in services.values():
+            service.start()
+        try:
+            rets = [
+                push_request(sender, [2 + n % 2], CMD, str(n).encode(), exp=60, retries=5, rpush=True)
+                for n in range(400)
+            ]
+            for ret in rets:
+                assert pop_replies(sender, ret, 1, timeout_s=60)[0].err == ""
+        finally:
+            for service in services.values():
+                service.__exit__(None, None, None)
+        holders = {name: sender.hget(keys.OWNERS, name) for name in ("2", "3")}
+        sender.close()
+    finally:
+        cluster.cleanup()
+    assert holders == {"2": pick("2", [first, second]).encode(), "3": pick("3", [first, second]).encode()}
+    for service in services.values():
+        received = [int(request.payload) for request in service.requests]
+        assert received == sorted(received) and len(received) == 200

@@ -15,6 +15,8 @@ MSGBUS = [sys.executable, "-c", "from client.cli import main; main()"]
 
 
 @pytest.mark.slow
+# A hang guard: the demo and a spark-submit of its own take past two minutes on a loaded 2-core machine.
+@pytest.mark.timeout(300)
 def test_the_demo_logs_events_that_mine_turns_into_a_report(spark: SparkSession, tmp_path: Path) -> None:
     events = tmp_path / "events"
     demo = subprocess.run([*MSGBUS, "demo", "--event-log", str(events)], capture_output=True, text=True)
