@@ -198,7 +198,9 @@ class Instance:
             swept = True
         self.live = sorted(live)
         if swept or self._clock() >= self._next_sweep:
-            await self._sweep()
+            # What a previous run or a dead instance left waits for peers nobody here knows the state of:
+            # their senders probe them first.
+            await self._sweep(taken_over=force_sweep or bool(buried))
         self._rebalance()
 
     async def _bury_dead(self, beat: Beat) -> set[str]:
@@ -233,11 +235,13 @@ class Instance:
         process = self._processes[other]
         return process is not None and process.gone()
 
-    async def _sweep(self) -> None:
-        """Claim what waits (each free lease to its pick) and kick the work under the leases held here."""
+    async def _sweep(self, *, taken_over: bool) -> None:
+        """Claim what waits (each free lease to its pick) and kick the work under the leases held here;
+        ``taken_over``: what is gained was left by a previous run or a dead instance."""
         self._next_sweep = self._clock() + SWEEP_S
+        self._leases.forget_holders()
         names = [keys.LOCAL_LEASE, keys.TIMERS_LEASE, *await self._store.pending_destinations()]
-        await self._claim({name: pick(name, self.live) for name in names}, "changed", resumed=True)
+        await self._claim({name: pick(name, self.live) for name in names}, "changed", resumed=taken_over)
 
     def _rebalance(self) -> None:
         for name in self._leases.held():
@@ -246,11 +250,17 @@ class Instance:
 
     async def settle_claims(self) -> None:
         """Claim what local work wants and what others said is ours; hand on what is no longer used."""
-        wanted, told = self._leases.take_claims()
+        wanted, told, known = self._leases.take_claims()
+        if known:
+            # Their holders are told directly; one that is gone (no one listens) is claimed instead.
+            unheard = await self._store.announce(known)
+            self._leases.forget_holders(unheard)
+            wanted |= unheard
         if wanted:
             await self._claim({name: pick(name, self.live) for name in wanted}, "all", resumed=False)
         if told:
-            await self._claim({name: self.id for name in told}, "none", resumed=False)
+            # Told by an instance that took us for the holder: if another holds it now, it is told in turn.
+            await self._claim({name: self.id for name in told}, "all", resumed=False)
         releasable = self._leases.releasable()
         if releasable:
             others = [instance for instance in self.live if instance != self.id]
@@ -263,6 +273,8 @@ class Instance:
         for name, holder in holders.items():
             if holder == self.id:
                 self._leases.gained(name, resumed=resumed and not self._leases.holds(name))
+            else:
+                self._leases.held_elsewhere(name, holder)
 
     def fresh(self) -> bool:
         """The last heartbeat went through recently enough for this instance to count as live."""

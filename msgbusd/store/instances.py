@@ -159,6 +159,15 @@ class InstanceStore:
         )
         return {name: text(holder) for name, holder in zip(proposed, holders, strict=True)}
 
+    async def announce(self, holders: Mapping[str, str]) -> set[str]:
+        """Tell each holder (name -> holder) of new work under its lease, in one round trip; returns the
+        names whose holder did not hear it (it no longer listens)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name, holder in holders.items():
+                pipe.publish(keys.wake_channel(holder), name)
+            heard = await pipe.execute()
+        return {name for name, listeners in zip(holders, heard, strict=True) if not listeners}
+
     async def hand_over(self, instance: str, successors: Mapping[str, str]) -> int:
         """Give the leases ``instance`` holds among ``successors`` (name -> next holder, "" to free it) and
         tell the next holders; returns how many it held."""

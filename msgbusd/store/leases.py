@@ -33,6 +33,8 @@ class Leases:
         # Names to claim: wanted by local work (their holder is told of it), or said to be ours by another.
         self._wanted: set[str] = set()
         self._told: set[str] = set()
+        # Who held a lease that is not ours at the last claim: told of new work directly, without a claim.
+        self._elsewhere: dict[str, str] = {}
         # Set when there is claiming or handing over to do.
         self.work = asyncio.Event()
         self._held_events: dict[str, asyncio.Event] = {}
@@ -70,11 +72,24 @@ class Leases:
             self._told.add(name)
             self.work.set()
 
-    def take_claims(self) -> tuple[set[str], set[str]]:
-        """The names wanted and the names told since the last call."""
+    def take_claims(self) -> tuple[set[str], set[str], dict[str, str]]:
+        """Since the last call: the names wanted whose holder is not known, the names told, and the names
+        wanted whose holder is known (name -> holder)."""
         wanted, told = self._wanted - self._held, self._told
         self._wanted, self._told = set(), set()
-        return wanted, told
+        known = {name: self._elsewhere[name] for name in wanted if name in self._elsewhere}
+        return wanted - known.keys(), told, known
+
+    def held_elsewhere(self, name: str, holder: str) -> None:
+        """Redis says ``holder`` holds ``name``."""
+        self._elsewhere[name] = holder
+
+    def forget_holders(self, names: set[str] | None = None) -> None:
+        """Who holds ``names`` (None: any lease) may have changed."""
+        if names is None:
+            self._elsewhere.clear()
+        for name in names or ():
+            self._elsewhere.pop(name, None)
 
     @contextlib.contextmanager
     def using(self, name: str) -> Iterator[None]:
@@ -116,6 +131,7 @@ class Leases:
         """Redis says ``name`` is held here."""
         if self._stopped or name in self._leaving:
             return
+        self._elsewhere.pop(name, None)
         self._held.add(name)
         if name in self._held_events:
             self._held_events[name].set()

@@ -107,7 +107,7 @@ async def test_a_lease_goes_only_once_its_work_is_done() -> None:
     assert leases.releasable() == {"7"}
     # While it is being handed on, work wanting it waits for its next holder instead of claiming it back.
     leases.want("7")
-    assert leases.take_claims() == (set(), set())
+    assert leases.take_claims() == (set(), set(), {})
 
 
 async def test_work_under_a_lease_runs_while_it_is_held_and_stops_when_it_goes() -> None:
@@ -143,4 +143,25 @@ async def test_work_announced_for_a_held_lease_starts_at_once_without_a_claim() 
     leases.told("8")
     assert started == [("7", False), ("7", False)]
     # A lease not held here is claimed first (the announcement may be stale).
-    assert leases.take_claims() == (set(), {"8"})
+    assert leases.take_claims() == (set(), {"8"}, {})
+
+
+async def test_new_work_goes_straight_to_a_known_holder_and_is_claimed_when_it_no_longer_listens(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    leases = Leases("a")
+    leases.held_elsewhere("7", "b")
+    leases.want("7")
+    leases.want("8")
+    assert leases.take_claims() == ({"8"}, set(), {"7": "b"})
+    pubsub = async_redis.pubsub()
+    await pubsub.subscribe(keys.wake_channel("b"))
+    await pubsub.get_message(timeout=1)
+    assert await store.announce({"7": "b", "9": "gone"}) == {"9"}
+    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+    await pubsub.aclose()  # type: ignore[no-untyped-call]
+    assert message is not None and message["data"] == b"7"
+    leases.forget_holders({"7"})
+    leases.want("7")
+    assert leases.take_claims() == ({"7"}, set(), {})
