@@ -28,19 +28,26 @@ from twin_resolver.static import write_twin_file
 READY_LINE = "msgbusd ready"
 
 
+# Ports free_port gave out in this process: one chosen for a server that has not started yet is free too.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A loopback port nothing listens on, below the kernel's ephemeral range: a port the kernel handed out
     would be free now, but any outgoing connection (to Redis, to a peer) may take it as its source port
-    before the server that was meant to listen there starts."""
+    before the server that was meant to listen there starts. Never the same port twice in one process."""
     low, high = _port_range()
     for _ in range(1000):
         port = random.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError(f"no free port found between {low} and {high}")
 
 

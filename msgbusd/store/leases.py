@@ -164,12 +164,6 @@ class Leases:
     def released(self, names: set[str]) -> None:
         self._leaving -= names
 
-    def leaving(self) -> set[str]:
-        return set(self._leaving)
-
-    def in_use(self) -> bool:
-        return bool(self._users)
-
     def stop(self) -> None:
         """The daemon stops: let go of everything; nothing is gained any more."""
         for name in list(self._held):
