@@ -18,6 +18,7 @@ from redis import Redis
 from wire import event_schema as ev
 from wire import keys
 from wire.envelope import Envelope, EnvelopeDecodeError, payload_size
+from wire.redis_url import as_text
 
 CHUNK = 1000
 
@@ -34,10 +35,6 @@ def dump(redis: Redis, out: TextIO, now: float | None = None) -> int:
 
 def _micros(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1_000_000)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _destination(uid: str) -> int | None:
@@ -77,7 +74,7 @@ class _Snapshot:
     def _requests(self) -> Iterator[dict[str, Any]]:
         chunk: list[tuple[str, bytes]] = []
         for uid, raw in self._redis.hscan_iter(keys.BACKLOG, count=CHUNK):
-            chunk.append((_text(uid), raw))
+            chunk.append((as_text(uid), raw))
             if len(chunk) >= CHUNK:
                 yield from self._request_chunk(chunk)
                 chunk = []
@@ -110,14 +107,14 @@ class _Snapshot:
 
     def _scheduled(self) -> Iterator[dict[str, Any]]:
         for member, due in self._redis.zscan_iter(keys.OUTBOX, count=CHUNK):
-            name = _text(member)
+            name = as_text(member)
             if name.startswith(keys.REQUEST_PREFIX):
                 uid = name.removeprefix(keys.REQUEST_PREFIX)
                 yield self._entry("retry", uid=uid, dst=_destination(uid), due=_micros(due))
 
     def _replies(self) -> Iterator[dict[str, Any]]:
         for key, raw in self._redis.hscan_iter(keys.REPLIES, count=CHUNK):
-            name = _text(key)
+            name = as_text(key)
             state_raw = self._redis.hget(keys.REPLY_STATE, name)
             state = json.loads(state_raw) if state_raw else {}
             due = self._redis.zscore(keys.OUTBOX, keys.REPLY_PREFIX + name)
@@ -136,9 +133,7 @@ class _Snapshot:
             )
 
     def _queued(self) -> Iterator[dict[str, Any]]:
-        instances = [
-            n.decode() if isinstance(n, bytes) else str(n) for n in self._redis.zrange(keys.INSTANCES, 0, -1)
-        ]
+        instances = [as_text(n) for n in self._redis.zrange(keys.INSTANCES, 0, -1)]
         for queue in keys.SYSTEM_QUEUES:
             for name in (queue, *keys.processing_lists(queue, instances)):
                 for raw in self._redis.lrange(name, 0, -1):

@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from client.cli_common import redact
 from wire import keys
-from wire.redis_url import sync_client
+from wire.redis_url import as_text, sync_client
 from wire.site_status import Traffic, optional_number
 
 DEFAULT_SITE_URL = "http://127.0.0.1:8051"
@@ -249,24 +249,20 @@ def read_redis(redis_url: str, now: float, timeout_s: float = DEFAULT_TIMEOUT_S)
             int(twin): int(length) for twin, length in zip(lengths[::2], lengths[1::2], strict=True)
         },
         instances=_instances(instances),
-        holders={_text(name): _text(holder) for name, holder in holders.items()},
+        holders={as_text(name): as_text(holder) for name, holder in holders.items()},
     )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _instances(found: list[Any]) -> tuple[InstanceView, ...]:
     now, *entries = found
     views = []
     for instance, beat, flat in entries:
-        info = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        info = {as_text(flat[i]): as_text(flat[i + 1]) for i in range(0, len(flat), 2)}
         age = float(now) - float(beat)
         lease_s = _number(info.get("lease"), DEFAULT_LEASE_S)
         views.append(
             InstanceView(
-                id=_text(instance),
+                id=as_text(instance),
                 alive=age <= lease_s,
                 last_beat_s_ago=round(age, 3),
                 leases=int(_number(info.get("owned"), 0)),

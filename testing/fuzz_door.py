@@ -38,6 +38,7 @@ from testing.local_sites import LocalCluster, free_port, wait_until
 from twin_resolver.base import Twin
 from wire import keys
 from wire.envelope import Envelope, EnvelopeDecodeError
+from wire.redis_url import as_text
 
 SITE, PEER, ASKED, ROGUE, ED_TWIN, UNKNOWN = 1, 2, 20, 21, 22, 999
 SIGNED_PATHS = ("/zbus-remote", "/zbus-reply", "/zbus-cmd")
@@ -513,7 +514,7 @@ def fuzz(target: FuzzTarget, examples: int, huge_bytes: int = 1 << 20) -> Figure
 
 def settled(conn: redis.Redis) -> bool:
     """No system queue holds work still to be routed."""
-    instances = [n.decode() if isinstance(n, bytes) else str(n) for n in conn.zrange(keys.INSTANCES, 0, -1)]
+    instances = [as_text(n) for n in conn.zrange(keys.INSTANCES, 0, -1)]
     queues = [
         *keys.SYSTEM_QUEUES,
         *(p for q in keys.SYSTEM_QUEUES for p in keys.processing_lists(q, instances)),

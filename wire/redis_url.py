@@ -61,6 +61,11 @@ def parse_sentinel_url(url: str) -> SentinelUrl | None:
     return SentinelUrl(tuple(sentinels), unquote(master), int(db_text or 0), password or None)
 
 
+def as_text(value: object) -> str:
+    """A value Redis answered with (bytes, unless the client decodes), as text."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def redacted(url: str) -> str:
     """``url`` without its password, for logs and errors."""
     head, sep, tail = url.rpartition("@")

@@ -223,7 +223,11 @@ class Daemon:
         async with asyncio.TaskGroup() as group:
             group.create_task(
                 leases.run_while_held(
-                    keys.LOCAL_LEASE, self._while_held(keys.LOCAL, self._consumer(handlers.local)), stopping
+                    keys.LOCAL_LEASE,
+                    self._while_held(
+                        keys.LOCAL, functools.partial(self._consume, keys.LOCAL, handlers.local)
+                    ),
+                    stopping,
                 ),
                 name="consume local",
             )
@@ -289,11 +293,6 @@ class Daemon:
                 self._heartbeats.pop(loop, None)
 
         return held
-
-    def _consumer(
-        self, handle: Callable[[list[bytes]], Awaitable[None]]
-    ) -> Callable[[asyncio.Event], Awaitable[None]]:
-        return functools.partial(self._consume, keys.LOCAL, handle)
 
     async def _consume(
         self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]], until: asyncio.Event
@@ -473,6 +472,7 @@ async def open_site(
             leases,
             lease_s=settings.instance_lease_s,
             queues=keys.SYSTEM_QUEUES,
+            pending=store.pending_destinations,
             describe=functools.partial(_describe, settings, metrics),
         ),
         leases=leases,

@@ -22,7 +22,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
@@ -55,6 +55,7 @@ class Instance:
         *,
         lease_s: float,
         queues: Sequence[str],
+        pending: Callable[[], Awaitable[list[int]]],
         describe: Callable[[], Mapping[str, str]] = dict,
         process: ProcessInfo | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -65,6 +66,8 @@ class Instance:
         self._store = store
         self._leases = leases
         self._queues = queues
+        # The destinations whose send queue is not empty.
+        self._pending = pending
         self._describe = describe
         self._process = process or ProcessInfo.this()
         self._clock = clock
@@ -240,7 +243,7 @@ class Instance:
         ``taken_over``: what is gained was left by a previous run or a dead instance."""
         self._next_sweep = self._clock() + SWEEP_S
         self._leases.forget_holders()
-        names = [keys.LOCAL_LEASE, keys.TIMERS_LEASE, *await self._store.pending_destinations()]
+        names = [keys.LOCAL_LEASE, keys.TIMERS_LEASE, *map(str, await self._pending())]
         await self._claim({name: pick(name, self.live) for name in names}, "changed", resumed=taken_over)
 
     def _rebalance(self) -> None:

@@ -11,8 +11,8 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 
-from msgbusd.store.send_queues import text
 from wire import keys
+from wire.redis_url import as_text
 
 # Records a heartbeat of ARGV[1] and what it says of itself; returns whether it was in the instances set
 # (0: first beat, or another instance took it for dead), Redis's time, and every instance with its last beat.
@@ -121,13 +121,13 @@ class InstanceStore:
         present, now, flat = await self._heartbeat(
             keys=[keys.INSTANCES, keys.instance_info(instance)], args=[instance, ttl_s, *fields]
         )
-        beats = {text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
+        beats = {as_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Beat(bool(present), float(now), beats)
 
     async def describe(self, instance: str) -> dict[str, str]:
         """What ``instance`` last said of itself (empty once its heartbeats stopped long enough)."""
         found = await self.redis.hgetall(keys.instance_info(instance))
-        return {text(k): text(v) for k, v in found.items()}
+        return {as_text(k): as_text(v) for k, v in found.items()}
 
     async def now(self) -> float:
         """Redis's clock (unix seconds), by which beats are timed."""
@@ -157,7 +157,7 @@ class InstanceStore:
         holders = await self._claim(
             keys=[keys.OWNERS, keys.INSTANCES], args=[instance, lease_s, tell, _CHANNEL_PREFIX, *pairs]
         )
-        return {name: text(holder) for name, holder in zip(proposed, holders, strict=True)}
+        return {name: as_text(holder) for name, holder in zip(proposed, holders, strict=True)}
 
     async def announce(self, holders: Mapping[str, str]) -> set[str]:
         """Tell each holder (name -> holder) of new work under its lease, in one round trip; returns the
@@ -182,12 +182,3 @@ class InstanceStore:
             pipe.zrem(keys.INSTANCES, instance)
             pipe.delete(keys.instance_info(instance))
             await pipe.execute()
-
-    async def holders(self) -> dict[str, str]:
-        """Every lease and its holder (live or not)."""
-        found = await self.redis.hgetall(keys.OWNERS)
-        return {text(k): text(v) for k, v in found.items()}
-
-    async def pending_destinations(self) -> list[str]:
-        """The lease names of destinations whose send queue is not empty."""
-        return [text(d) for d in await self.redis.smembers(keys.DESTINATIONS)]

@@ -17,9 +17,10 @@ import redis.asyncio as aioredis
 
 from msgbusd.store.replication import Replication
 from msgbusd.store.script_batch import ScriptBatch
-from msgbusd.store.send_queues import SendQueues, text
+from msgbusd.store.send_queues import SendQueues
 from wire import keys
 from wire.envelope import Envelope
+from wire.redis_url import as_text
 
 # KEYS: processing, target. ARGV: raw item, payload, ttl seconds (0 = none).
 _HAND_OVER = """
@@ -320,7 +321,7 @@ class Store(SendQueues):
                 script_keys += [keys.uid_counter(dst), keys.send_queue(dst)]
             args: list[Any] = [request.raw, request.original, request.deadline, *request.destinations]
             batch.script(self._accept_request, script_keys, args)
-        return [[text(uid) for uid in uids] if uids else None for uids in await batch.run()]
+        return [[as_text(uid) for uid in uids] if uids else None for uids in await batch.run()]
 
     async def load_entries(
         self, entries: Sequence[str], *, attempts: bool = False
@@ -367,7 +368,7 @@ class Store(SendQueues):
 
     async def due_deadlines(self, now: float, limit: int) -> list[str]:
         found = await self.redis.zrangebyscore(keys.DEADLINES, "-inf", now, start=0, num=limit)
-        return [text(m) for m in found]
+        return [as_text(m) for m in found]
 
     async def finish(self, uid: str, ret: str, payload: bytes) -> bool:
         """Deliver the final outcome of request ``uid`` to ``ret``; False if it already had one."""

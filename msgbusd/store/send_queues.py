@@ -12,6 +12,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from wire import keys
+from wire.redis_url import as_text
 
 # After a send: forgets the replies the peer now has (payload, state, outbox entry) and pops the send queue's
 # head, all at once. KEYS: send queue, destinations set, replies, reply states, outbox. ARGV: destination,
@@ -61,10 +62,6 @@ return due
 """
 
 
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class SendQueues:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
@@ -73,15 +70,15 @@ class SendQueues:
 
     async def pending_destinations(self) -> list[int]:
         """Destinations whose send queue is not empty (what a previous run left to send)."""
-        return sorted(int(text(d)) for d in await self.redis.smembers(keys.DESTINATIONS))
+        return sorted(int(as_text(d)) for d in await self.redis.smembers(keys.DESTINATIONS))
 
     async def send_queue_heads(self, dst: int, count: int) -> list[str]:
         """The first ``count`` entries (``req:<uid>`` or ``rep:<key>``) of ``dst``'s send queue."""
-        return [text(e) for e in await self.redis.lrange(keys.send_queue(dst), 0, count - 1)]
+        return [as_text(e) for e in await self.redis.lrange(keys.send_queue(dst), 0, count - 1)]
 
     async def send_queue_range(self, dst: int, start: int, count: int) -> list[str]:
         """``count`` entries of ``dst``'s send queue from index ``start``."""
-        return [text(e) for e in await self.redis.lrange(keys.send_queue(dst), start, start + count - 1)]
+        return [as_text(e) for e in await self.redis.lrange(keys.send_queue(dst), start, start + count - 1)]
 
     async def send_queue_length(self, dst: int) -> int:
         return int(await self.redis.llen(keys.send_queue(dst)))
@@ -96,7 +93,7 @@ class SendQueues:
 
     async def due_give_ups(self, dst: int, now: float, limit: int) -> list[str]:
         found = await self.redis.zrangebyscore(keys.give_up(dst), "-inf", now, start=0, num=limit)
-        return [text(m) for m in found]
+        return [as_text(m) for m in found]
 
     async def drop_give_ups(self, dst: int, entries: Sequence[str]) -> None:
         if entries:
@@ -132,4 +129,4 @@ class SendQueues:
         members = await self._release_due(
             keys=[keys.OUTBOX, keys.DESTINATIONS], args=[now, limit, keys.SEND_QUEUE_PREFIX]
         )
-        return [text(m) for m in members]
+        return [as_text(m) for m in members]

@@ -12,7 +12,7 @@ import redis
 from testing.local_haproxy import HaproxyProcess
 from testing.local_sites import LocalCluster, SiteProcess, free_port, wait_until
 from tests.faults.harness import DAEMON_ARGS
-from tests.support.services import RawService, pop_replies, push_request
+from tests.support.services import RawService, all_answered
 from wire import keys
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,11 +37,6 @@ def balanced() -> Iterator[tuple[LocalCluster, SiteProcess, HaproxyProcess]]:
         proxy.cleanup()
 
 
-def answered(sender: redis.Redis, count: int) -> bool:
-    rets = [push_request(sender, [2], CMD, str(i).encode(), exp=60, retries=5) for i in range(count)]
-    return all(pop_replies(sender, ret, 1, timeout_s=30)[0].err == "" for ret in rets)
-
-
 def test_requests_reach_the_site_through_haproxy_while_either_machine_is_lost(
     balanced: tuple[LocalCluster, SiteProcess, HaproxyProcess],
 ) -> None:
@@ -50,13 +45,13 @@ def test_requests_reach_the_site_through_haproxy_while_either_machine_is_lost(
     receiver = redis.Redis.from_url(cluster.redis[1].url)
     wait_until(lambda: receiver.zcard(keys.INSTANCES) == 2, 30, "both processes of site 2")
     with RawService(cluster.redis[1].url, CMD):
-        assert answered(sender, 20)
+        assert all_answered(sender, 2, CMD, 20)
         cluster.sites[1].kill()
         # The link through HAProxy broke with its process; the next one lands on the other.
-        assert answered(sender, 20)
+        assert all_answered(sender, 2, CMD, 20)
         wait_until(lambda: receiver.zcard(keys.INSTANCES) == 1, 30, "the killed process taken over")
         cluster.sites[1].start()
         second.kill()
-        assert answered(sender, 20)
+        assert all_answered(sender, 2, CMD, 20)
     sender.close()
     receiver.close()

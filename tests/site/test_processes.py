@@ -15,7 +15,7 @@ from msgbusd.site.instance import pick
 from msgbusd.site.supervisor import child_arguments
 from testing.local_sites import LocalCluster, wait_until
 from tests.faults.harness import DAEMON_ARGS
-from tests.support.services import RawService, pop_replies, push_request
+from tests.support.services import RawService, all_answered, pop_replies, push_request
 from wire import keys
 
 pytestmark = pytest.mark.timeout(180)
@@ -38,11 +38,6 @@ def group_of_three() -> Iterator[LocalCluster]:
         cluster.cleanup()
 
 
-def answered(sender: redis.Redis, count: int) -> bool:
-    rets = [push_request(sender, [2], CMD, str(i).encode(), exp=60, retries=5) for i in range(count)]
-    return all(pop_replies(sender, ret, 1, timeout_s=30)[0].err == "" for ret in rets)
-
-
 def test_a_process_of_the_group_killed_is_started_again_while_requests_flow(
     group_of_three: LocalCluster,
 ) -> None:
@@ -53,12 +48,12 @@ def test_a_process_of_the_group_killed_is_started_again_while_requests_flow(
     wait_until(lambda: len(children(parent.pid)) == 3, 30, "three processes")
     wait_until(lambda: sender.zcard(keys.INSTANCES) == 3, 30, "three live instances")
     with RawService(cluster.redis[1].url, CMD):
-        assert answered(sender, 20)
+        assert all_answered(sender, 2, CMD, 20)
         first = children(parent.pid)
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         # Requests pushed right after the kill are answered too (its items and leases are taken over).
-        assert answered(sender, 20)
+        assert all_answered(sender, 2, CMD, 20)
         wait_until(lambda: len(children(parent.pid) - {victim}) == 3, 30, "a new third process")
         victim_id = f"{socket.gethostname()}:{victim}"
         wait_until(
@@ -66,7 +61,7 @@ def test_a_process_of_the_group_killed_is_started_again_while_requests_flow(
             30,
             "the killed process taken over, and its successor live",
         )
-        assert answered(sender, 20)
+        assert all_answered(sender, 2, CMD, 20)
     assert "ended (signal 9); starting another" in cluster.sites[0].log()
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=60) == 0

@@ -50,7 +50,7 @@ async def test_the_holder_is_told_of_new_work_on_its_wake_channel(async_redis: a
         told.append(message["data"])
     await pubsub.aclose()  # type: ignore[no-untyped-call]
     assert told == [b"7", b"7"]
-    assert await store.holders() == {"7": "a"}
+    assert await async_redis.hgetall(keys.OWNERS) == {b"7": b"a"}
 
 
 async def test_only_the_holder_hands_a_lease_on(async_redis: aioredis.Redis) -> None:
@@ -59,7 +59,7 @@ async def test_only_the_holder_hands_a_lease_on(async_redis: aioredis.Redis) -> 
     await store.claim("a", {"7": "a", "8": "a"}, LEASE_S, "none")
     assert await store.hand_over("b", {"7": "b"}) == 0
     assert await store.hand_over("a", {"7": "b", "8": ""}) == 2
-    assert await store.holders() == {"7": "b"}
+    assert await async_redis.hgetall(keys.OWNERS) == {b"7": b"b"}
 
 
 async def test_a_dead_instance_is_buried_once_and_its_items_go_back_to_the_head_in_order(

@@ -95,6 +95,12 @@ def push_request(
     return ret
 
 
+def all_answered(conn: redis.Redis, dst: int, cmd: str, count: int) -> bool:
+    """Push ``count`` requests for ``cmd`` to twin ``dst``, wait for each reply; True if none is an error."""
+    rets = [push_request(conn, [dst], cmd, str(i).encode(), exp=60, retries=5) for i in range(count)]
+    return all(pop_replies(conn, ret, 1, timeout_s=30)[0].err == "" for ret in rets)
+
+
 def pop_replies(conn: redis.Redis, ret: str, count: int, timeout_s: float = 15.0) -> list[Envelope]:
     """Pop ``count`` messages from ``ret`` (in short blocking slices), failing after ``timeout_s``."""
     replies: list[Envelope] = []
