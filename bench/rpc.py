@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from msgbusd.site.instance import pick
 from testing.local_sites import LocalCluster, RedisProcess, free_port, port_open, wait_until
 from wire import keys
 from wire.envelope import Envelope, encode_payload
@@ -92,14 +93,38 @@ class Processes:
         return {role: cpu_seconds(pid) for role, pid in self.pids.items()}
 
 
+def _spread_jobs(cluster: LocalCluster) -> None:
+    """Names each site's processes so that taking the local requests and sending to the other site are
+    different processes' jobs: every request is handed from one process to another, as most are at a site
+    that sends to many twins."""
+    for site in cluster.sites:
+        processes = [site, *cluster.siblings[site.twin]]
+        jobs = [keys.LOCAL_LEASE, *(str(other.twin) for other in cluster.sites if other is not site)]
+        names = _names_spreading(jobs, f"site{site.twin}", len(processes))
+        for process, name in zip(processes, names, strict=True):
+            process.extra_args = [*process.extra_args, "--instance", name]
+
+
+def _names_spreading(jobs: list[str], prefix: str, count: int) -> list[str]:
+    """``count`` instance names among which ``jobs`` go to as many different instances as they can."""
+    for attempt in range(1000):
+        names = [f"{prefix}-{attempt}-{number}" for number in range(count)]
+        if len({pick(job, names) for job in jobs}) == min(len(jobs), count):
+            return names
+    raise RuntimeError(f"no names spread {jobs}")
+
+
 @contextmanager
 def msgbus_sites(
     key_type: str, extra_args: list[str], processes: int = 1
 ) -> Iterator[tuple[list[str], dict[str, int]]]:
     cluster = LocalCluster(
         size=2, key_type=key_type, extra_args=["--log-level", "info", *extra_args], processes=processes
-    ).start()
+    ).prepare()
     try:
+        if processes > 1:
+            _spread_jobs(cluster)
+        cluster.launch()
         pids = {}
         for site, redis in zip(cluster.sites, cluster.redis, strict=True):
             assert redis.process is not None

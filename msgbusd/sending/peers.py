@@ -58,6 +58,8 @@ log = logging.getLogger("msgbusd.peers")
 BATCH = 64
 # A sender with nothing to send stops after this long (a new one starts when something comes).
 IDLE_STOP_S = 30.0
+# What a sender that is not in step with its queue keeps of the work queued meanwhile, to catch up.
+KEPT_WHILE_UNTRUSTED = 4 * BATCH
 
 # Peers forgets a peer once it is up and idle: one it no longer holds is up.
 UP = HealthState("up")
@@ -66,28 +68,51 @@ SpawnTask = Callable[[Coroutine[Any, Any, None], str], None]
 
 
 @dataclass
-class _Lane:
+class Lane:
     """A running sender's view of its queue.
 
-    ``fresh`` holds what was just accepted for the destination, ready to send, while ``trusted`` says it
-    mirrors the head of the Redis send queue exactly; then the sender sends from memory and only pops Redis
-    (checking the entries match). Anything unexpected makes the lane untrusted: it sends from Redis again
-    until the queue is empty.
+    ``fresh`` holds what was just queued for the destination, ready to send, while ``trusted`` says it
+    mirrors the Redis send queue; then the sender sends from memory and only takes what it sent out of the
+    queue (checking the queue started with it). Anything unexpected makes the lane untrusted: it sends from
+    Redis again until it has sent the whole queue with nothing unknown queued meanwhile; what was queued
+    since (kept in ``fresh``) is then all that is left, and the lane is trusted again.
     """
 
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     fresh: deque[SendItem] = field(default_factory=deque)
     trusted: bool = False
-    # Something was queued while untrusted: an empty read of Redis does not prove the lane is in step.
+    # Something not known was queued while untrusted: reading Redis to its end does not prove the lane is
+    # in step.
     missed: bool = False
     # While the peer is down: how many entries at the head of the queue have their give-up time written.
     noted: int = 0
     # The peer asked us to wait (503 with Retry-After) until this time (monotonic).
     paused_until: float = 0.0
+    # The entries of the last batch sent from Redis: the word that one of them was queued may come after.
+    sent_from_queue: set[str] = field(default_factory=set)
 
     def distrust(self) -> None:
         self.trusted = False
         self.fresh.clear()
+
+    def queued(self, items: Sequence[SendItem]) -> None:
+        """``items`` were just queued: sent from memory unless the Redis path already sent them."""
+        self.fresh.extend(item for item in items if item.entry not in self.sent_from_queue)
+        if not self.trusted and len(self.fresh) > KEPT_WHILE_UNTRUSTED:
+            # Too far behind to catch up from memory: Redis is read until it is empty.
+            self.fresh.clear()
+            self.missed = True
+
+    def sent_from_redis(self, entries: Sequence[str]) -> None:
+        """``entries`` were sent from the Redis queue: memory does not send them again."""
+        self.sent_from_queue = set(entries)
+        if self.fresh:
+            self.fresh = deque(item for item in self.fresh if item.entry not in self.sent_from_queue)
+
+    def caught_up(self) -> None:
+        """The whole queue was sent from Redis, and all that was queued since is known: what is left to
+        send is what memory holds."""
+        self.trusted = True
 
 
 class Peer:
@@ -97,21 +122,21 @@ class Peer:
         self.twin = twin
         self.health = PeerHealth(peers.probes)
         # The running sender's lane; None while no sender runs.
-        self.lane: _Lane | None = None
+        self.lane: Lane | None = None
         self._peers = peers
         self._schedule = peers.schedule
         self._store = peers.store
 
     # --- the sender --------------------------------------------------------------------------------------
 
-    async def run(self, lane: _Lane) -> None:
+    async def run(self, lane: Lane) -> None:
         """Send until the queue is empty (and stays so a while), the lease of this destination goes to
         another instance of the site, or the daemon stops."""
         leases = self._peers.leases
         with leases.using(str(self.twin)) if leases is not None else contextlib.nullcontext():
             await self._run(lane)
 
-    async def _run(self, lane: _Lane) -> None:
+    async def _run(self, lane: Lane) -> None:
         redis_failures = 0
         try:
             while not self._peers.stopping.is_set():
@@ -137,7 +162,7 @@ class Peer:
         finally:
             self._peers.stopped(self, lane)
 
-    async def _step(self, lane: _Lane) -> bool:
+    async def _step(self, lane: Lane) -> bool:
         """One turn of the sender; False when it should stop (idle long enough, nothing left, or the lease
         gone)."""
         if not self._peers.holds(self.twin):
@@ -154,15 +179,14 @@ class Peer:
         elif not lane.trusted:
             lane.missed = False
             async with self._peers.turns:
-                more = await self._send_some(lane)
-            if not more:
-                # Queue empty and nothing queued meanwhile: memory and Redis are in step.
-                lane.trusted = not lane.missed
+                all_sent = await self._send_some(lane)
+            if all_sent and not lane.missed:
+                lane.caught_up()
         else:
             return await self._idle(lane)
         return True
 
-    async def _idle(self, lane: _Lane) -> bool:
+    async def _idle(self, lane: Lane) -> bool:
         """Wait for more to send; False once the lane has been idle long enough, or the daemon stops."""
         stopping = self._peers.stopping
         woken = asyncio.ensure_future(lane.wake.wait())
@@ -174,32 +198,34 @@ class Peer:
             stopped.cancel()
         return not stopping.is_set() and (lane.wake.is_set() or bool(lane.fresh))
 
-    async def _send_fresh(self, lane: _Lane) -> None:
+    async def _send_fresh(self, lane: Lane) -> None:
         """Send what was just queued straight from memory; the Redis queue is popped, not read."""
         items = [lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))]
         entries = [item.entry for item in items]
         done, replies = await self._deliver(lane, entries, items)
         if done == len(entries):
             if not await self._store.sent(self.twin, replies, exact=entries):
-                # The queue is not what memory says (another writer got in between): the Redis path sends
-                # from the queue again (receivers drop duplicates).
+                # The queue held more than memory, or in another order (several instances queue for one
+                # destination; the word of one may be late): what was sent is out of it, the Redis path sends
+                # the rest.
                 lane.distrust()
             return
         # Held messages: pop only what is certainly dealt with, and let the Redis path send the rest.
         lane.distrust()
         await self._store.sent(self.twin, replies, exact=entries[:done])
 
-    async def _send_some(self, lane: _Lane) -> bool:
-        """Send the next batch of the queue; False when the queue is empty."""
+    async def _send_some(self, lane: Lane) -> bool:
+        """Send the next batch of the queue; True when that was the whole queue, and all of it went."""
         entries = await self._store.send_queue_heads(self.twin, BATCH)
         if not entries:
-            return False
+            return True
         items = await self._peers.items.read(entries)
         done, replies = await self._deliver(lane, entries, items) if items else (len(entries), [])
         await self._store.sent(self.twin, replies, head=(entries[0], done))
-        return True
+        lane.sent_from_redis(entries[:done])
+        return len(entries) < BATCH and done == len(entries)
 
-    async def _deliver(self, lane: _Lane, entries: list[str], items: list[SendItem]) -> tuple[int, list[str]]:
+    async def _deliver(self, lane: Lane, entries: list[str], items: list[SendItem]) -> tuple[int, list[str]]:
         """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue), and
         the keys of the replies the peer took (to forget)."""
         results = await self._send(items)
@@ -274,7 +300,7 @@ class Peer:
 
     # --- a peer that is down -----------------------------------------------------------------------------
 
-    async def _while_down(self, lane: _Lane) -> bool:
+    async def _while_down(self, lane: Lane) -> bool:
         """Wait for the next probe and make it; while the peer stays down, give up what waited long enough.
         False once nothing is left waiting for the peer."""
         lane.distrust()
@@ -303,7 +329,7 @@ class Peer:
             lane.noted = max(0, lane.noted - await schedule.trim(self.twin, BATCH))
             return await self._store.send_queue_length(self.twin) > 0
 
-    async def _back(self, lane: _Lane) -> None:
+    async def _back(self, lane: Lane) -> None:
         down_s = self.health.answered()
         await self._schedule.forget(self.twin)
         lane.noted = 0
@@ -400,7 +426,7 @@ class Peers:
         handing them over, or start one; or, when another instance sends to ``dst``, have it told."""
         if not self.holds(dst):
             assert self.leases is not None
-            self.leases.want(str(dst))
+            self.leases.want(str(dst), self.items.pack(items) if items else None)
             return
         peer = self._peers.get(dst)
         if peer is None:
@@ -409,16 +435,25 @@ class Peers:
         if lane is None:
             if self.stopping.is_set():
                 return
-            lane = peer.lane = _Lane()
+            lane = peer.lane = Lane()
             self._spawn(peer.run(lane), f"sender to twin {dst}")
         if items is None:
             lane.distrust()
             lane.missed = True
-        elif lane.trusted:
-            lane.fresh.extend(items)
-        elif items:
-            lane.missed = True
+        else:
+            lane.queued(items)
         lane.wake.set()
+
+    def kick_carried(self, dst: int, carried: bytes | None) -> None:
+        """Another instance of the site queued work for ``dst`` and told this one, which sends to it:
+        :meth:`kick` with the items it carried (none, or unreadable ones: they are read from Redis)."""
+        items = None
+        if carried is not None:
+            try:
+                items = self.items.unpack(carried)
+            except ValueError as exc:
+                log.error("work announced for twin %s is unreadable (%s); reading it from redis", dst, exc)
+        self.kick(dst, items)
 
     def resume_one(self, dst: int) -> None:
         """Start a sender for ``dst``, which may have messages another run (or instance) left; it probes
@@ -433,7 +468,7 @@ class Peers:
         if peer is not None and peer.lane is not None:
             peer.lane.wake.set()
 
-    def stopped(self, peer: Peer, lane: _Lane) -> None:
+    def stopped(self, peer: Peer, lane: Lane) -> None:
         """``peer``'s sender ended; a peer that is up is forgotten until it has something to send."""
         if peer.lane is lane:
             peer.lane = None

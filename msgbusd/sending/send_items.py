@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from msgbusd.reports.logs import about
@@ -71,6 +72,40 @@ class SendItems:
             item = await self._item(entry, first, second)
             if item is not None:
                 items.append(item)
+        return items
+
+    @staticmethod
+    def pack(items: Sequence[SendItem]) -> bytes:
+        """``items`` as bytes for another instance of the site (:meth:`unpack`): per item, a line with its
+        entry and its request's failures or its reply's state, and a line with its envelope (compact JSON
+        has no raw newline)."""
+        lines = []
+        for item in items:
+            extra: int | dict[str, float] | None = item.failures if item.is_request else item.state
+            lines.append(json.dumps([item.entry, extra], separators=(",", ":")).encode())
+            lines.append((item.original or item.envelope).encode())
+        return b"\n".join(lines)
+
+    def unpack(self, data: bytes) -> list[SendItem]:
+        """The items :meth:`pack` gave; raises ValueError for anything else."""
+        lines = data.split(b"\n")
+        if len(lines) % 2:
+            raise ValueError("an item without its envelope")
+        items = []
+        for head, body in zip(lines[::2], lines[1::2], strict=True):
+            described = json.loads(head)
+            if not (isinstance(described, list) and len(described) == 2 and isinstance(described[0], str)):
+                raise ValueError(f"not an entry: {described!r}")
+            entry, extra = described
+            env = Envelope.decode(body)
+            uid = entry.removeprefix(keys.REQUEST_PREFIX)
+            is_request = entry.startswith(keys.REQUEST_PREFIX) and destination_of(uid) is not None
+            if is_request and isinstance(extra, int):
+                items.append(self.request(uid, env, extra))
+            elif entry.startswith(keys.REPLY_PREFIX) and isinstance(extra, dict):
+                items.append(self.reply(entry.removeprefix(keys.REPLY_PREFIX), env, extra))
+            else:
+                raise ValueError(f"entry {entry!r} with {extra!r} is neither a request nor a reply")
         return items
 
     def request(self, uid: str, original: Envelope, failures: int = 0) -> SendItem:

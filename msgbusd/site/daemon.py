@@ -491,18 +491,23 @@ def _describe(settings: Settings, metrics: Metrics) -> dict[str, str]:
 
 
 def _send_when_held(leases: Leases, peers: Peers) -> None:
-    """A destination's lease gained starts its sender (one taken over probes first); one going wakes it, so
-    that it stops."""
+    """A destination's lease gained starts its sender (one taken over probes first), as does work another
+    instance announces for it; one going wakes it, so that it stops."""
 
     def gained(name: str, resumed: bool) -> None:
         if name.isdigit():
             (peers.resume_one if resumed else peers.kick)(int(name))
+
+    def told(name: str, carried: bytes | None) -> None:
+        if name.isdigit():
+            peers.kick_carried(int(name), carried)
 
     def leaving(name: str) -> None:
         if name.isdigit():
             peers.wake(int(name))
 
     leases.on_gained = gained
+    leases.on_told = told
     leases.on_leaving = leaving
 
 

@@ -8,9 +8,10 @@ taking over an instance that died.
 - Each lease (a destination's sending, taking from ``msgbus.system.local``, the timers) goes to the live
   instance that rendezvous hashing picks for it, so the work spreads and moves as little as possible when an
   instance comes or goes. A lease whose instance is not the pick is handed on once nothing uses it.
-- Work that comes up for a lease held elsewhere is announced to its holder on the holder's wake channel.
-  Each instance also looks over the waiting destinations every few seconds, so a lost announcement (Redis
-  restarted) only delays.
+- Work that comes up for a lease held elsewhere is announced to its holder on the holder's wake channel,
+  carrying the work itself when it is small (the holder then sends it from memory instead of reading it
+  back). Each instance also looks over the waiting destinations every few seconds, so a lost announcement
+  (Redis restarted) only delays.
 - An instance that cannot beat for most of its lease stops all work under its leases: the others may take
   them over.
 """
@@ -28,7 +29,7 @@ from redis.exceptions import RedisError
 
 from msgbusd.errors import StartupError
 from msgbusd.site.process_info import ProcessInfo
-from msgbusd.store.instances import Beat, InstanceStore, Tell
+from msgbusd.store.instances import Beat, InstanceStore, Tell, read_announcement
 from msgbusd.store.leases import Leases, first_set
 from wire import keys
 from wire.backoff import REDIS_RECONNECT, sleep_unless
@@ -162,8 +163,7 @@ class Instance:
                 while not stopping.is_set():
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.beat_s)
                     if message is not None:
-                        data = message["data"]
-                        self._leases.told(data.decode() if isinstance(data, bytes) else str(data))
+                        self._leases.told(*read_announcement(message["data"]))
             except (RedisError, OSError) as exc:
                 failures += 1
                 log.warning("wake channel: redis failed (%s); subscribing again", exc)

@@ -11,6 +11,7 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 
+from msgbusd.store.leases import Notice
 from wire import keys
 from wire.redis_url import as_text
 
@@ -92,6 +93,20 @@ return given
 """
 
 Tell = Literal["all", "changed", "none"]
+
+
+def announcement(name: str, carried: bytes | None) -> bytes:
+    """What goes on a holder's wake channel: the lease's name, then the work it carries, if any."""
+    return name.encode() if carried is None else name.encode() + b"\n" + carried
+
+
+def read_announcement(data: bytes | str) -> tuple[str, bytes | None]:
+    """The lease's name and the carried work (None: none) of an announcement."""
+    raw = data if isinstance(data, bytes) else data.encode()
+    name, newline, carried = raw.partition(b"\n")
+    return name.decode(errors="replace"), carried if newline else None
+
+
 # The channel of instance X is this prefix followed by X.
 _CHANNEL_PREFIX = keys.wake_channel("")
 
@@ -159,14 +174,21 @@ class InstanceStore:
         )
         return {name: as_text(holder) for name, holder in zip(proposed, holders, strict=True)}
 
-    async def announce(self, holders: Mapping[str, str]) -> set[str]:
-        """Tell each holder (name -> holder) of new work under its lease, in one round trip; returns the
-        names whose holder did not hear it (it no longer listens)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for name, holder in holders.items():
-                pipe.publish(keys.wake_channel(holder), name)
-            heard = await pipe.execute()
-        return {name for name, listeners in zip(holders, heard, strict=True) if not listeners}
+    async def announce(self, notices: Mapping[str, Notice]) -> set[str]:
+        """Tell each lease's holder of new work under it (with the work when it is carried), in one round
+        trip; returns the names whose holder did not hear it (it no longer listens)."""
+        messages = [
+            (keys.wake_channel(notice.holder), announcement(name, notice.carried))
+            for name, notice in notices.items()
+        ]
+        if len(messages) == 1:
+            heard = [await self.redis.publish(*messages[0])]
+        else:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for channel, message in messages:
+                    pipe.publish(channel, message)
+                heard = await pipe.execute()
+        return {name for name, listeners in zip(notices, heard, strict=True) if not listeners}
 
     async def hand_over(self, instance: str, successors: Mapping[str, str]) -> int:
         """Give the leases ``instance`` holds among ``successors`` (name -> next holder, "" to free it) and

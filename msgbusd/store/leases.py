@@ -12,11 +12,28 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 
 from wire.backoff import sleep_unless
 
+# The most work carried to a holder in one announcement; beyond it the holder reads the work from Redis.
+CARRIED_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Notice:
+    """New work under a lease held by another instance: who to tell, and the work itself when it is small
+    enough to carry (None: the holder reads it from Redis)."""
+
+    holder: str
+    carried: bytes | None = None
+
 
 def _ignore_gained(name: str, resumed: bool) -> None:
+    pass
+
+
+def _ignore_told(name: str, carried: bytes | None) -> None:
     pass
 
 
@@ -33,6 +50,8 @@ class Leases:
         # Names to claim: wanted by local work (their holder is told of it), or said to be ours by another.
         self._wanted: set[str] = set()
         self._told: set[str] = set()
+        # The work each wanted name carries to its holder, in the order it came (None: not all of it).
+        self._carried: dict[str, bytes | None] = {}
         # Who held a lease that is not ours at the last claim: told of new work directly, without a claim.
         self._elsewhere: dict[str, str] = {}
         # Set when there is claiming or handing over to do.
@@ -40,9 +59,11 @@ class Leases:
         self._held_events: dict[str, asyncio.Event] = {}
         self._lost_events: dict[str, set[asyncio.Event]] = {}
         self._stopped = False
-        # What the site does when it gains a lease (``resumed``: taken over, not asked for) or is to let one
-        # go (wake the user, so that it stops).
+        # What the site does when it gains a lease (``resumed``: taken over, not asked for), is told of work
+        # under one it holds (with the work, when it was carried), or is to let one go (wake the user, so
+        # that it stops).
         self.on_gained: Callable[[str, bool], None] = _ignore_gained
+        self.on_told: Callable[[str, bytes | None], None] = _ignore_told
         self.on_leaving: Callable[[str], None] = _ignore
 
     def __len__(self) -> int:
@@ -56,28 +77,36 @@ class Leases:
 
     # --- asked for by the work -----------------------------------------------------------------------------
 
-    def want(self, name: str) -> None:
-        """There is work under ``name``, which is not held here: claim it or tell its holder."""
-        if name not in self._leaving and not self._stopped:
-            self._wanted.add(name)
-            self.work.set()
+    def want(self, name: str, carried: bytes | None = None) -> None:
+        """There is work under ``name``, which is not held here: claim it or tell its holder. ``carried``:
+        the work, for its holder to take from the announcement rather than from Redis."""
+        if name in self._leaving or self._stopped:
+            return
+        if name in self._wanted:
+            before = self._carried.get(name)
+            carried = None if before is None or carried is None else before + b"\n" + carried
+        self._wanted.add(name)
+        self._carried[name] = carried if carried is not None and len(carried) <= CARRIED_BYTES else None
+        self.work.set()
 
-    def told(self, name: str) -> None:
-        """Another instance says ``name`` is ours now (claimed to make sure), or has work for us under it."""
+    def told(self, name: str, carried: bytes | None = None) -> None:
+        """Another instance says ``name`` is ours now (claimed to make sure), or has work for us under it
+        (``carried``: that work)."""
         if self._stopped:
             return
         if name in self._held:
-            self.on_gained(name, False)
+            self.on_told(name, carried)
         else:
             self._told.add(name)
             self.work.set()
 
-    def take_claims(self) -> tuple[set[str], set[str], dict[str, str]]:
-        """Since the last call: the names wanted whose holder is not known, the names told, and the names
-        wanted whose holder is known (name -> holder)."""
-        wanted, told = self._wanted - self._held, self._told
-        self._wanted, self._told = set(), set()
-        known = {name: self._elsewhere[name] for name in wanted if name in self._elsewhere}
+    def take_claims(self) -> tuple[set[str], set[str], dict[str, Notice]]:
+        """Since the last call: the names wanted whose holder is not known, the names told, and what to tell
+        the known holders of the other names wanted."""
+        wanted, told, carried = self._wanted - self._held, self._told, self._carried
+        self._wanted, self._told, self._carried = set(), set(), {}
+        elsewhere = self._elsewhere
+        known = {name: Notice(elsewhere[name], carried.get(name)) for name in wanted & elsewhere.keys()}
         return wanted - known.keys(), told, known
 
     def held_elsewhere(self, name: str, holder: str) -> None:

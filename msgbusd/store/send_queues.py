@@ -14,36 +14,48 @@ import redis.asyncio as aioredis
 from wire import keys
 from wire.redis_url import as_text
 
-# After a send: forgets the replies the peer now has (payload, state, outbox entry) and pops the send queue's
-# head, all at once. KEYS: send queue, destinations set, replies, reply states, outbox. ARGV: destination,
-# then either 'exact', n and n entries (pop them if the queue starts with exactly them) or 'head', n and one
-# entry (pop n entries if the queue still starts with it), then the keys of the replies to forget. Returns
-# 0 when the head was not what was given (nothing popped), else 1.
+# After a send: forgets the replies the peer now has (payload, state, outbox entry) and takes what was sent
+# out of the send queue, all at once. KEYS: send queue, destinations set, replies, reply states, outbox. ARGV:
+# destination, then either 'exact', n and the n entries sent (popped if the queue starts with exactly them,
+# else taken out of the queue's first 2n entries, wherever they are) or 'head', n and one entry (pop n entries
+# if the queue still starts with it), then the keys of the replies to forget. Returns 1 when the queue started
+# with what was given, else 0.
 _SENT = """
 local n = tonumber(ARGV[3])
 local given = n
 if ARGV[2] == 'head' and n > 0 then given = 1 end
-local popped = 1
+local exact = 1
 if n > 0 then
-  local head = redis.call('LRANGE', KEYS[1], 0, n - 1)
-  if #head == 0 or head[1] ~= ARGV[4] then popped = 0 end
-  if ARGV[2] == 'exact' then
-    if #head ~= n then popped = 0 end
-    for i = 2, n do
-      if popped == 1 and head[i] ~= ARGV[3 + i] then popped = 0 end
+  if ARGV[2] == 'head' then
+    if redis.call('LINDEX', KEYS[1], 0) == ARGV[4] then redis.call('LPOP', KEYS[1], n) else exact = 0 end
+  else
+    local window = redis.call('LRANGE', KEYS[1], 0, 2 * n - 1)
+    for i = 1, n do
+      if window[i] ~= ARGV[3 + i] then exact = 0 end
+    end
+    if exact == 1 then
+      redis.call('LPOP', KEYS[1], n)
+    else
+      local sent = {}
+      for i = 1, n do sent[ARGV[3 + i]] = true end
+      local kept = {}
+      for _, entry in ipairs(window) do
+        if not sent[entry] then kept[#kept + 1] = entry end
+      end
+      if #kept < #window then
+        redis.call('LPOP', KEYS[1], #window)
+        for i = #kept, 1, -1 do redis.call('LPUSH', KEYS[1], kept[i]) end
+      end
     end
   end
-  if popped == 1 then
-    redis.call('LPOP', KEYS[1], #head)
-    if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
-  end
+  if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
 end
 for i = 4 + given, #ARGV do
   redis.call('HDEL', KEYS[3], ARGV[i])
   redis.call('HDEL', KEYS[4], ARGV[i])
   redis.call('ZREM', KEYS[5], 'rep:' .. ARGV[i])
 end
-return popped
+return exact
 """
 
 # Moves the re-sends that are due from the outbox to the tail of their destinations' send queues; returns
@@ -111,10 +123,10 @@ class SendQueues:
         exact: Sequence[str] = (),
         head: tuple[str, int] | None = None,
     ) -> bool:
-        """After a send to ``dst``, in one round trip: forget the ``replies`` (keys) the peer now has, and pop
-        the send queue's head: the entries ``exact`` if the queue starts with exactly them, or ``head``'s
-        count of entries if it still starts with ``head``'s first. False if the head was not that (nothing
-        popped)."""
+        """After a send to ``dst``, in one round trip: forget the ``replies`` (keys) the peer now has, and
+        take what was sent out of the send queue: the entries ``exact`` (sent from memory; taken out wherever
+        they are near the head), or ``head``'s count of entries if the queue still starts with ``head``'s
+        first. False if the queue did not start with exactly that (memory was not in step with it)."""
         if head is not None:
             pop: list[Any] = ["head", head[1], head[0]] if head[1] else ["head", 0]
         else:

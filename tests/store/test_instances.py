@@ -6,8 +6,8 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from msgbusd.store.instances import InstanceStore
-from msgbusd.store.leases import Leases
+from msgbusd.store.instances import InstanceStore, announcement, read_announcement
+from msgbusd.store.leases import CARRIED_BYTES, Leases, Notice
 from wire import keys
 
 LEASE_S = 5.0
@@ -136,12 +136,13 @@ async def test_work_under_a_lease_runs_while_it_is_held_and_stops_when_it_goes()
 
 async def test_work_announced_for_a_held_lease_starts_at_once_without_a_claim() -> None:
     leases = Leases("a")
-    started: list[tuple[str, bool]] = []
-    leases.on_gained = lambda name, resumed: started.append((name, resumed))
+    told: list[tuple[str, bytes | None]] = []
+    leases.on_told = lambda name, carried: told.append((name, carried))
     leases.gained("7")
     leases.told("7")
-    leases.told("8")
-    assert started == [("7", False), ("7", False)]
+    leases.told("7", b"work")
+    leases.told("8", b"work")
+    assert told == [("7", None), ("7", b"work")]
     # A lease not held here is claimed first (the announcement may be stale).
     assert leases.take_claims() == (set(), {"8"}, {})
 
@@ -152,16 +153,33 @@ async def test_new_work_goes_straight_to_a_known_holder_and_is_claimed_when_it_n
     store = InstanceStore(async_redis)
     leases = Leases("a")
     leases.held_elsewhere("7", "b")
-    leases.want("7")
+    leases.held_elsewhere("9", "gone")
+    leases.want("7", b"first")
+    leases.want("7", b"second")
     leases.want("8")
-    assert leases.take_claims() == ({"8"}, set(), {"7": "b"})
+    leases.want("9")
+    notices = {"7": Notice("b", b"first\nsecond"), "9": Notice("gone")}
+    assert leases.take_claims() == ({"8"}, set(), notices)
     pubsub = async_redis.pubsub()
     await pubsub.subscribe(keys.wake_channel("b"))
     await pubsub.get_message(timeout=1)
-    assert await store.announce({"7": "b", "9": "gone"}) == {"9"}
+    assert await store.announce(notices) == {"9"}
     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
     await pubsub.aclose()  # type: ignore[no-untyped-call]
-    assert message is not None and message["data"] == b"7"
+    assert message is not None and read_announcement(message["data"]) == ("7", b"first\nsecond")
     leases.forget_holders({"7"})
     leases.want("7")
     assert leases.take_claims() == ({"7"}, set(), {})
+
+
+async def test_work_too_big_to_carry_is_announced_by_name_only() -> None:
+    leases = Leases("a")
+    leases.held_elsewhere("7", "b")
+    leases.held_elsewhere("8", "b")
+    leases.want("7", b"x" * CARRIED_BYTES)
+    leases.want("7", b"y")
+    leases.want("8", b"z")
+    leases.want("8")
+    # Work known only in part is read from Redis by its holder.
+    assert leases.take_claims() == (set(), set(), {"7": Notice("b"), "8": Notice("b")})
+    assert read_announcement(announcement("7", None)) == ("7", None)

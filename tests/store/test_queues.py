@@ -87,17 +87,35 @@ async def test_batched_scripts_survive_a_script_flush(async_redis: aioredis.Redi
     assert await async_redis.llen(keys.processing(keys.REMOTE)) == 0
 
 
-async def test_sent_pops_only_when_the_head_is_exactly_what_was_sent(async_redis: aioredis.Redis) -> None:
+async def test_sent_takes_out_what_was_sent_and_says_whether_the_queue_started_with_exactly_it(
+    async_redis: aioredis.Redis,
+) -> None:
     store = Store(async_redis)
-    await async_redis.rpush(keys.send_queue(2), "req:a", "req:b", "req:c")
+    queue = keys.send_queue(2)
+    await async_redis.rpush(queue, "req:a", "req:b", "req:c", "req:d", "req:e", "req:f")
     await async_redis.sadd(keys.DESTINATIONS, 2)
-    assert await store.sent(2, [], exact=["req:b"]) is False
-    assert await store.sent(2, [], exact=["req:a", "req:c"]) is False
     assert await store.sent(2, [], exact=["req:a", "req:b"]) is True
-    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:c"]
-    assert await store.sent(2, [], exact=["req:c", "req:d"]) is False
-    assert await store.sent(2, [], exact=["req:c"]) is True
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:c", b"req:d", b"req:e", b"req:f"]
+    # Sent in another order, or ahead of an entry memory did not have: taken out, the rest keeps its order.
+    assert await store.sent(2, [], exact=["req:d", "req:c"]) is False
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:e", b"req:f"]
+    assert await store.sent(2, [], exact=["req:f"]) is False
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:e"]
+    # Already gone (sent from the queue before the word of it came): nothing else is touched.
+    assert await store.sent(2, [], exact=["req:x"]) is False
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:e"]
+    assert await store.pending_destinations() == [2]
+    assert await store.sent(2, [], exact=["req:e"]) is True
     assert await store.pending_destinations() == []
+
+
+async def test_sent_looks_for_what_was_sent_only_near_the_head(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    queue = keys.send_queue(2)
+    await async_redis.rpush(queue, "req:a", "req:b", "req:c", "req:d", "req:e")
+    await async_redis.sadd(keys.DESTINATIONS, 2)
+    assert await store.sent(2, [], exact=["req:e", "req:b"]) is False
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:a", b"req:c", b"req:d", b"req:e"]
 
 
 async def test_sent_pops_a_head_that_still_starts_with_the_first_entry(async_redis: aioredis.Redis) -> None:
@@ -121,13 +139,14 @@ async def test_sent_forgets_the_replies_the_peer_took_whatever_the_head(async_re
         await async_redis.hset(keys.REPLIES, key, b"payload")
         await async_redis.hset(keys.REPLY_STATE, key, b"{}")
         await async_redis.zadd(keys.OUTBOX, {"rep:" + key: 1.0})
-    # Another writer changed the head: nothing is popped, the reply the peer took is forgotten all the same.
+    # The head was not what was sent: the reply the peer took is forgotten all the same.
     assert await store.sent(2, ["2|y"], exact=["rep:2|y"]) is False
     assert await async_redis.hkeys(keys.REPLIES) == [b"2|x"]
     assert await async_redis.hkeys(keys.REPLY_STATE) == [b"2|x"]
     assert await async_redis.zrange(keys.OUTBOX, 0, -1) == [b"rep:2|x"]
-    assert await store.sent(2, ["2|x"], head=("rep:2|x", 1)) is True
-    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"rep:2|y"]
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"rep:2|x"]
+    assert await store.sent(2, ["2|x"], head=("rep:2|y", 1)) is False
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"rep:2|x"]
     assert await async_redis.hlen(keys.REPLIES) == 0
 
 
