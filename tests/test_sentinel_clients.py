@@ -1,5 +1,5 @@
-"""The client library and the msgbus command reach a Redis through real redis-sentinel processes, and
-follow it across a failover."""
+"""The client library (callers and services) and the msgbus command reach a Redis through real
+redis-sentinel processes, and follow it across a failover."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import pytest
 from redis.exceptions import RedisError
 from typer.testing import CliRunner
 
+from client import Service
 from client.aio import AsyncClient
 from client.cli import app
 from client.sync import Client
 from testing.local_sentinel import SentinelGroup
 from testing.local_sites import wait_until
 from wire import keys
-from wire.envelope import Envelope
+from wire.envelope import Envelope, encode_payload
 from wire.redis_url import sync_client
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,3 +74,18 @@ def test_msgbus_status_reads_redis_through_the_sentinels(group: SentinelGroup) -
     redis_part = json.loads(result.stdout)["redis"]
     assert redis_part["reachable"] and redis_part["error"] is None
     assert redis_part["queues"][0] == {"name": keys.LOCAL, "waiting": waiting, "processing": 0}
+
+
+def test_a_service_serves_requests_through_the_sentinels(group: SentinelGroup) -> None:
+    service = Service(group.url)
+    service.register("sentinel.upper", lambda request: request.data.upper())
+    request = Envelope(
+        uid="7.1", cmd="sentinel.upper", exp=60, dat=encode_payload(b"hello"), src=9, dst=(7,), ret=keys.REPLY
+    )
+    with sync_client(group.url) as conn:
+        conn.delete(keys.REPLY)
+        conn.lpush(keys.command_queue("sentinel.upper"), request.encode())
+        asyncio.run(service.serve(burst=True))
+        (raw,) = conn.lrange(keys.REPLY, 0, -1)
+    reply = Envelope.decode(raw)
+    assert (reply.uid, reply.src, reply.dst, reply.payload) == ("7.1", 7, (9,), b"HELLO")
