@@ -32,23 +32,29 @@ READY_LINE = "msgbusd ready"
 _HANDED_OUT: set[int] = set()
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on, below the kernel's ephemeral range: a port the kernel handed out
-    would be free now, but any outgoing connection (to Redis, to a peer) may take it as its source port
-    before the server that was meant to listen there starts. Never the same port twice in one process."""
+def free_port(count: int = 1) -> int:
+    """A loopback port nothing listens on (the first of ``count`` in a row), below the kernel's ephemeral
+    range: a port the kernel handed out would be free now, but any outgoing connection (to Redis, to a peer)
+    may take it as its source port before the server that was meant to listen there starts. Never the same
+    port twice in one process."""
     low, high = _port_range()
     for _ in range(1000):
-        port = random.randrange(low, high)
-        if port in _HANDED_OUT:
+        first = random.randrange(low, high - count + 1)
+        ports = range(first, first + count)
+        if _HANDED_OUT.intersection(ports) or not all(map(_bindable, ports)):
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError(f"no free port found between {low} and {high}")
+        _HANDED_OUT.update(ports)
+        return first
+    raise RuntimeError(f"no {count} free port(s) in a row found between {low} and {high}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _port_range() -> tuple[int, int]:

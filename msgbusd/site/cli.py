@@ -230,6 +230,14 @@ def site_settings(
             "which starts again one that dies and passes SIGTERM on to all.",
         ),
     ] = 1,
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Also serve this process's /metrics, /healthz and /status on HOST:PORT, to whoever can "
+            "reach it (the site's address serves them to loopback only, from any of its processes); with "
+            "--processes N, the processes take PORT, PORT+1, ... PORT+N-1.",
+        ),
+    ] = None,
 ) -> Settings:
     """Run a msgbus site: relay RMB messages between this site's Redis and other sites over HTTP."""
     level = LOG_LEVELS.get(log_level.lower())
@@ -278,6 +286,7 @@ def site_settings(
         instance_lease_s=instance_lease,
         reuse_port=reuse_port,
         processes=processes,
+        metrics_listen=parse_listen(metrics_listen) if metrics_listen else None,
     )
     configure_logging(level)
     return settings

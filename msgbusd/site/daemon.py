@@ -21,7 +21,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from starlette.applications import Starlette
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from msgbusd.door.handlers import Handlers
 from msgbusd.door.http_api import Door, answer_link_frame, create_app, loopback_only
@@ -39,7 +41,7 @@ from msgbusd.sending.send_items import SendItems
 from msgbusd.site.companions import Companion, SiteHandle
 from msgbusd.site.inflight import InFlight
 from msgbusd.site.instance import Instance
-from msgbusd.site.serving import QuietServer, bind_socket, server
+from msgbusd.site.serving import QuietServer, bind_socket, serve_until, server
 from msgbusd.site.settings import Settings
 from msgbusd.site.status import STATUS_TIMEOUT_S, StatusEndpoint, StatusReport
 from msgbusd.store.instances import InstanceStore
@@ -122,9 +124,11 @@ def open_http(settings: Settings) -> HttpClients:
 
 
 class Daemon:
-    def __init__(self, site: Site, sock: socket.socket) -> None:
+    def __init__(self, site: Site, sock: socket.socket, metrics_sock: socket.socket | None = None) -> None:
         self.site = site
         self._sock = sock
+        # This process's own address for its reports (--metrics-listen).
+        self._metrics_sock = metrics_sock
         self._stopping = site.inflight.stopping
         self._server: QuietServer | None = None
         self.ready = asyncio.Event()
@@ -180,6 +184,14 @@ class Daemon:
             started_at=self._started_at,
         )
 
+    def _report_routes(self, guard: Callable[[ASGIApp], ASGIApp]) -> list[Route]:
+        """What the site reports of this process, each endpoint behind ``guard``."""
+        return [
+            Route("/metrics", guard(metrics_endpoint(self.site.metrics, self._refresh_metrics))),
+            Route("/healthz", guard(healthz_endpoint(self._health))),
+            Route("/status", guard(StatusEndpoint(self._status_report(), STATUS_TIMEOUT_S))),
+        ]
+
     def _beat(self, loop: str) -> None:
         self._heartbeats[loop] = time.monotonic()
 
@@ -200,15 +212,7 @@ class Daemon:
         settings = site.settings
         await site.redis.set(keys.SITE_TWIN, site.twin)
         self._server = server(
-            create_app(
-                site.door,
-                [
-                    Route("/metrics", loopback_only(metrics_endpoint(site.metrics, self._refresh_metrics))),
-                    Route("/healthz", loopback_only(healthz_endpoint(self._health))),
-                    Route("/status", loopback_only(StatusEndpoint(self._status_report(), STATUS_TIMEOUT_S))),
-                ],
-                site.links,
-            ),
+            create_app(site.door, self._report_routes(loopback_only), site.links),
             settings.drain_grace_s,
             # A link carries a whole batch in one message; pings find a link that stalled.
             ws_max_size=site.door.max_message_bytes + 4096,
@@ -241,6 +245,11 @@ class Daemon:
             group.create_task(site.instance.listen(stopping), name="wake channel")
             group.create_task(site.events.run(self._stopping), name="event log")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
+            if self._metrics_sock is not None:
+                reports = Starlette(routes=self._report_routes(lambda app: app))
+                group.create_task(
+                    serve_until(reports, self._metrics_sock, stopping, settings.drain_grace_s), name="reports"
+                )
             group.create_task(self._announce_ready(), name="ready")
             for companion in self.companions:
                 group.create_task(
@@ -526,14 +535,19 @@ async def serve(
     """Run a site, and the ``companions`` beside it, until stopped by a signal. Raises
     :class:`StartupError` for operator mistakes."""
     sock = bind_socket(settings.listen_host, settings.listen_port, reuse_port=settings.reuse_port)
+    metrics_sock = None
     try:
+        if settings.metrics_listen is not None:
+            metrics_sock = bind_socket(*settings.metrics_listen)
         site = await open_site(settings, signer, resolver)
     except BaseException:
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
         for companion in companions:
             await companion.aclose()
         raise
-    daemon = Daemon(site, sock)
+    daemon = Daemon(site, sock, metrics_sock)
     handle = SiteHandle(
         twin=site.twin,
         resolver=resolver,
@@ -556,6 +570,8 @@ async def serve(
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
         for companion in companions:
             await companion.aclose()
         await close_site(site)

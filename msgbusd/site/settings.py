@@ -81,3 +81,5 @@ class Settings:
     redis_wait_replicas: int = 0
     # Run this many processes of the site under one parent (msgbusd.site.supervisor); 1: this one.
     processes: int = 1
+    # Also serve this process's /metrics, /healthz and /status here (None: on the site's address only).
+    metrics_listen: tuple[str, int] | None = None

@@ -41,6 +41,22 @@ def child_arguments(argv: Sequence[str]) -> list[str]:
     return kept if "--reuse-port" in kept else [*kept, "--reuse-port"]
 
 
+def for_slot(arguments: Sequence[str], slot: int) -> list[str]:
+    """The command line of the group's process number ``slot`` (from 0): its own --metrics-listen port."""
+    placed = list(arguments)
+    for index, arg in enumerate(placed):
+        if arg == "--metrics-listen" and index + 1 < len(placed):
+            placed[index + 1] = _port_plus(placed[index + 1], slot)
+        elif arg.startswith("--metrics-listen="):
+            placed[index] = "--metrics-listen=" + _port_plus(arg.partition("=")[2], slot)
+    return placed
+
+
+def _port_plus(address: str, slot: int) -> str:
+    host, _, port = address.rpartition(":")
+    return f"{host}:{int(port) + slot}"
+
+
 def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux)."""
     try:
@@ -52,29 +68,31 @@ def _die_with_parent() -> None:
 
 class Supervisor:
     def __init__(self, arguments: Sequence[str], processes: int) -> None:
-        self._command = [sys.executable, "-m", "msgbusd", *arguments]
+        self._arguments = list(arguments)
         self._wanted = processes
-        self._children: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
+        # Each child by pid: its process, when it started, and its slot (a restart takes the same one).
+        self._children: dict[int, tuple[subprocess.Popen[bytes], float, int]] = {}
         self._quick_exits = 0
         self._stopping = 0
         self._exit_status = 0
 
-    def _start_one(self) -> None:
+    def _start_one(self, slot: int) -> None:
+        command = [sys.executable, "-m", "msgbusd", *for_slot(self._arguments, slot)]
         # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once.
-        child = subprocess.Popen(self._command, process_group=0, preexec_fn=_die_with_parent)
-        self._children[child.pid] = (child, time.monotonic())
+        child = subprocess.Popen(command, process_group=0, preexec_fn=_die_with_parent)
+        self._children[child.pid] = (child, time.monotonic(), slot)
 
     def _signal(self, signum: int, _frame: object = None) -> None:
         self._stopping += 1
-        for child, _ in self._children.values():
+        for child, _, _ in self._children.values():
             if child.poll() is None:
                 child.send_signal(signum)
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._signal)
-        for _ in range(self._wanted):
-            self._start_one()
+        for slot in range(self._wanted):
+            self._start_one(slot)
         log.info("started %d msgbusd processes: %s", self._wanted, sorted(self._children))
         while self._children:
             try:
@@ -86,10 +104,10 @@ class Supervisor:
             entry = self._children.pop(pid, None)
             if entry is None:
                 continue
-            self._ended(pid, os.waitstatus_to_exitcode(status), entry[1])
+            self._ended(pid, os.waitstatus_to_exitcode(status), entry[1], entry[2])
         return self._exit_status
 
-    def _ended(self, pid: int, code: int, started: float) -> None:
+    def _ended(self, pid: int, code: int, started: float, slot: int) -> None:
         if self._stopping:
             return
         lived_s = time.monotonic() - started
@@ -104,7 +122,7 @@ class Supervisor:
         log.warning("msgbusd process %d ended (%s); starting another in %.1fs", pid, how, delay)
         time.sleep(delay)
         if not self._stopping:
-            self._start_one()
+            self._start_one(slot)
 
 
 def supervise(argv: Sequence[str], processes: int) -> int:

@@ -134,7 +134,7 @@ def test_unreachable_redis(twins_file: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("flag", ["--listen", "--router-listen", "--servicebus-listen"])
+@pytest.mark.parametrize("flag", ["--listen", "--metrics-listen", "--router-listen", "--servicebus-listen"])
 def test_port_in_use(twins_file: Path, redis_url: str, flag: str) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import pytest
 import redis
 
 from msgbusd.site.instance import pick
-from msgbusd.site.supervisor import child_arguments
-from testing.local_sites import LocalCluster, wait_until
+from msgbusd.site.supervisor import child_arguments, for_slot
+from testing.local_sites import LocalCluster, free_port, wait_until
 from tests.faults.harness import DAEMON_ARGS
 from tests.support.services import RawService, all_answered, pop_replies, push_request
 from wire import keys
@@ -28,20 +30,41 @@ def children(pid: int) -> set[int]:
 
 
 @pytest.fixture
-def group_of_three() -> Iterator[LocalCluster]:
+def group_of_three() -> Iterator[tuple[LocalCluster, int]]:
+    """A site of ``--processes 3`` (and the other site), with the first of its three metrics ports."""
     cluster = LocalCluster(size=2, extra_args=DAEMON_ARGS).prepare()
-    cluster.sites[0].extra_args = [*DAEMON_ARGS, "--processes", "3"]
+    metrics_port = free_port(3)
+    cluster.sites[0].extra_args = [
+        *DAEMON_ARGS,
+        "--processes",
+        "3",
+        "--metrics-listen",
+        f"127.0.0.1:{metrics_port}",
+    ]
     try:
         cluster.launch()
-        yield cluster
+        yield cluster, metrics_port
     finally:
         cluster.cleanup()
 
 
+def instances_reporting(first_port: int, count: int) -> list[str | None]:
+    """The instance each of ``count`` metrics ports reports for (None: it does not answer)."""
+    found: list[str | None] = []
+    for port in range(first_port, first_port + count):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                labels = set(re.findall(r'instance="([^"]+)"', response.read().decode()))
+        except OSError:
+            labels = set()
+        found.append(labels.pop() if len(labels) == 1 else None)
+    return found
+
+
 def test_a_process_of_the_group_killed_is_started_again_while_requests_flow(
-    group_of_three: LocalCluster,
+    group_of_three: tuple[LocalCluster, int],
 ) -> None:
-    cluster = group_of_three
+    cluster, metrics_port = group_of_three
     parent = cluster.sites[0].process
     assert parent is not None
     sender = redis.Redis.from_url(cluster.redis[0].url)
@@ -63,6 +86,16 @@ def test_a_process_of_the_group_killed_is_started_again_while_requests_flow(
         )
         assert all_answered(sender, 2, CMD, 20)
     assert "ended (signal 9); starting another" in cluster.sites[0].log()
+    # Each process reports on a port of its own, and the new one on the port of the one it replaced.
+    host = socket.gethostname()
+    wait_until(
+        lambda: (
+            sorted(filter(None, instances_reporting(metrics_port, 3)))
+            == sorted(f"{host}:{pid}" for pid in children(parent.pid))
+        ),
+        30,
+        "each process's metrics on its own port",
+    )
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=60) == 0
     assert sender.zcard(keys.INSTANCES) == 0, "each process left the site as it stopped"
@@ -78,6 +111,13 @@ def test_the_processes_get_the_command_line_without_processes_and_with_reuse_por
         "--reuse-port",
     ]
     assert child_arguments(["--processes=2", "--reuse-port"]) == ["--reuse-port"]
+    assert for_slot(["--metrics-listen", "[::1]:9100", "--twin", "1"], 2) == [
+        "--metrics-listen",
+        "[::1]:9102",
+        "--twin",
+        "1",
+    ]
+    assert for_slot(["--metrics-listen=127.0.0.1:9100"], 1) == ["--metrics-listen=127.0.0.1:9101"]
 
 
 def names_sharing_the_work() -> tuple[str, str]:
