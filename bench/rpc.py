@@ -94,24 +94,24 @@ class Processes:
 
 
 def _spread_jobs(cluster: LocalCluster) -> None:
-    """Names each site's processes so that taking the local requests and sending to the other site are
-    different processes' jobs: every request is handed from one process to another, as most are at a site
-    that sends to many twins."""
+    """Names each site's processes so that sending to the other site is not the job of a process that takes
+    the local requests or the services' replies: every message is handed from one process to another, as
+    most are at a site that sends to many twins."""
     for site in cluster.sites:
         processes = [site, *cluster.siblings[site.twin]]
-        jobs = [keys.LOCAL_LEASE, *(str(other.twin) for other in cluster.sites if other is not site)]
-        names = _names_spreading(jobs, f"site{site.twin}", len(processes))
+        (other,) = (str(other.twin) for other in cluster.sites if other is not site)
+        names = _names_apart(other, [keys.LOCAL_LEASE, keys.REPLY_LEASE], f"site{site.twin}", len(processes))
         for process, name in zip(processes, names, strict=True):
             process.extra_args = [*process.extra_args, "--instance", name]
 
 
-def _names_spreading(jobs: list[str], prefix: str, count: int) -> list[str]:
-    """``count`` instance names among which ``jobs`` go to as many different instances as they can."""
+def _names_apart(job: str, others: list[str], prefix: str, count: int) -> list[str]:
+    """``count`` instance names among which ``job`` goes to another instance than each of ``others``."""
     for attempt in range(1000):
         names = [f"{prefix}-{attempt}-{number}" for number in range(count)]
-        if len({pick(job, names) for job in jobs}) == min(len(jobs), count):
+        if pick(job, names) not in {pick(other, names) for other in others}:
             return names
-    raise RuntimeError(f"no names spread {jobs}")
+    raise RuntimeError(f"no names keep {job} apart from {others}")
 
 
 @contextmanager

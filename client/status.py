@@ -116,7 +116,7 @@ class RedisView:
     newest_dead_letters: tuple[DeadLetter, ...]
     send_queues: dict[int, int]
     # The site's msgbusd processes, and which holds each site-wide job (a destination's sending by its
-    # twin id, "local": taking local requests, "timers").
+    # twin id, "local": taking local requests, "reply": taking the services' replies, "timers").
     instances: tuple[InstanceView, ...] = ()
     holders: dict[str, str] = field(default_factory=dict)
 

@@ -110,3 +110,30 @@ async def test_the_consumer_takes_back_what_the_previous_one_left(async_redis: a
         await consume_in_order(source, handle, stopping, batch=10, block_s=0.05, turned=turned)
     assert seen == [b"left over", b"new"]
     assert turns == 1
+
+
+async def test_a_helping_consumer_takes_only_while_items_pile_up(async_redis: aioredis.Redis) -> None:
+    source = ReliableList(async_redis, QUEUE, PROCESSING, oldest="LEFT")
+    await async_redis.rpush(QUEUE, b"a", b"b")
+    stopping = asyncio.Event()
+    seen: list[list[bytes]] = []
+
+    async def handle(batch: list[bytes]) -> None:
+        seen.append(batch)
+        await source.ack(batch)
+        if await async_redis.llen(QUEUE) < 3:
+            stopping.set()
+
+    helping = asyncio.create_task(
+        consume_in_order(source, handle, stopping, batch=2, block_s=0.01, behind=3, retry=NO_WAIT)
+    )
+    # Two waiting are not behind: left for the usual consumer.
+    await asyncio.sleep(0.2)
+    assert seen == [] and await async_redis.llen(QUEUE) == 2
+    await async_redis.rpush(QUEUE, b"c", b"d")
+    async with asyncio.timeout(10):
+        await helping
+    # Taken a batch at a time while three or more waited, oldest first.
+    assert seen == [[b"a", b"b"]]
+    assert await async_redis.lrange(QUEUE, 0, -1) == [b"c", b"d"]
+    assert await async_redis.llen(PROCESSING) == 0

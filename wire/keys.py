@@ -90,10 +90,13 @@ def instance_info(instance: str) -> str:
 
 # hash: lease name -> the instance holding it. A lease is the right to do one site-wide job alone: send to a
 # destination (its twin id as the name: one sender per send queue, so order and batching hold), take from
-# msgbus.system.local (LOCAL_LEASE: one taker keeps push order) or run the retry and expiry timers
-# (TIMERS_LEASE). A lease held by an instance that is not live is free.
+# msgbus.system.local (LOCAL_LEASE: one taker keeps push order), take the services' replies from
+# msgbus.system.reply (REPLY_LEASE: one taker takes them in large batches; the others help only while
+# replies pile up) or run the retry and expiry timers (TIMERS_LEASE). A lease held by an instance that is
+# not live is free.
 OWNERS = "msgbus.system.owners"
 LOCAL_LEASE = "local"
+REPLY_LEASE = "reply"
 TIMERS_LEASE = "timers"
 
 

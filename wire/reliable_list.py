@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 
 End = Literal["LEFT", "RIGHT"]
 
-# Moves up to ARGV[1] items from one end of a list (ARGV[2]) to an end of another (ARGV[3]), without blocking.
-# KEYS: from, to.
+# Moves up to ARGV[1] items from one end of a list (ARGV[2]) to an end of another (ARGV[3]), without blocking;
+# none unless at least ARGV[4] items wait. KEYS: from, to.
 _MOVE_MANY = """
 local items = {}
+if redis.call('LLEN', KEYS[1]) < tonumber(ARGV[4]) then return items end
 for i = 1, tonumber(ARGV[1]) do
   local item = redis.call('LMOVE', KEYS[1], KEYS[2], ARGV[2], ARGV[3])
   if not item then break end
@@ -72,7 +73,7 @@ class ReliableList:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.blmove(self.queue, self.processing, timeout, self._oldest, self._newest)
             pipe.evalsha(
-                self._move_many.sha, 2, self.queue, self.processing, count - 1, self._oldest, self._newest
+                self._move_many.sha, 2, self.queue, self.processing, count - 1, self._oldest, self._newest, 0
             )
             first, rest = await pipe.execute(raise_on_error=False)
         if isinstance(first, Exception):
@@ -83,12 +84,13 @@ class ReliableList:
             raise rest
         return [first, *rest] if first is not None else list(rest)
 
-    async def take_now(self, count: int) -> list[bytes]:
-        """Move up to ``count`` items into the processing list without waiting."""
-        if count == 1:
+    async def take_now(self, count: int, *, at_least: int = 0) -> list[bytes]:
+        """Move up to ``count`` items into the processing list without waiting; none unless ``at_least``
+        items wait."""
+        if count == 1 and not at_least:
             return _listed(await self.redis.lmove(self.queue, self.processing, self._oldest, self._newest))
         moved = await self._move_many(
-            keys=[self.queue, self.processing], args=[count, self._oldest, self._newest]
+            keys=[self.queue, self.processing], args=[count, self._oldest, self._newest, at_least]
         )
         return list(moved)
 
@@ -125,11 +127,15 @@ async def consume_in_order(
     turned: Callable[[], None] = lambda: None,
     retry: Backoff = REDIS_RECONNECT,
     retry_soon: tuple[type[Exception], ...] = (),
+    behind: int = 0,
 ) -> None:
     """Take up to ``batch`` items at a time and hand each batch to ``handle`` before taking the next, so
     items are handled in queue order, until ``stopping`` is set. ``handle`` acknowledges each item it is done
     with; ``turned`` is called at every turn of the loop (a heartbeat). After a failure of one of the kinds
     ``retry_soon`` (which took its time already), the next try waits the shortest delay, not a growing one.
+
+    With ``behind``, the loop helps the list's usual consumer rather than waiting for items itself: it takes
+    only while ``behind`` items or more wait, and looks again every ``block_s`` otherwise.
 
     What a previous consumer left in the processing list is taken back first. So is, after a failure, what
     this loop left there: a pop whose answer Redis did not send before it went away (a restart does not
@@ -146,10 +152,15 @@ async def consume_in_order(
                 if moved:
                     log.warning("took back %d unfinished item(s) of %s %s", moved, source.queue, take_back)
                 take_back = None
-            items = await source.take(batch, block_s)
+            if behind:
+                items = await source.take_now(batch, at_least=behind)
+            else:
+                items = await source.take(batch, block_s)
             if items:
                 await handle(items)
             failures = 0
+            if behind and not items:
+                await sleep_unless(stopping, block_s)
         except Exception as exc:
             failures = 1 if isinstance(exc, retry_soon) else failures + 1
             take_back = "after a failure"

@@ -64,6 +64,8 @@ PROBE_TIMEOUT_S = 5.0
 PEER_CONNECTIONS = 8
 # Items taken from a queue in one go at most.
 POP_BATCH = 64
+# How often a process that helps another take a system queue looks whether it is falling behind.
+HELP_POLL_S = 0.1
 # The health check's ping of Redis: an answer is due well within the callers' own timeouts.
 REDIS_PING_TIMEOUT_S = 1.0
 
@@ -236,7 +238,17 @@ class Daemon:
                 name="consume local",
             )
             group.create_task(self._consume(keys.REMOTE, handlers.remote, stopping), name="consume remote")
-            group.create_task(self._consume(keys.REPLY, handlers.reply, stopping), name="consume reply")
+            group.create_task(
+                leases.run_while_held(
+                    keys.REPLY_LEASE,
+                    self._while_held(
+                        keys.REPLY, functools.partial(self._consume, keys.REPLY, handlers.reply)
+                    ),
+                    stopping,
+                    meanwhile=functools.partial(self._consume, keys.REPLY, handlers.reply, helping=True),
+                ),
+                name="consume reply",
+            )
             group.create_task(
                 leases.run_while_held(keys.TIMERS_LEASE, self._while_held("timers", self._timers), stopping),
                 name="timers",
@@ -304,10 +316,16 @@ class Daemon:
         return held
 
     async def _consume(
-        self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]], until: asyncio.Event
+        self,
+        queue: str,
+        handle: Callable[[list[bytes]], Awaitable[None]],
+        until: asyncio.Event,
+        *,
+        helping: bool = False,
     ) -> None:
         """Take a system queue in batches, one batch after the other, until ``until`` is set: requests reach
-        each destination in push order, and every batch is a few pipelined round trips to Redis."""
+        each destination in push order, and every batch is a few pipelined round trips to Redis. ``helping``:
+        another process takes the queue; take only while a batch or more waits."""
 
         async def counted(batch: list[bytes]) -> None:
             try:
@@ -321,9 +339,10 @@ class Daemon:
             counted,
             until,
             batch=POP_BATCH,
-            block_s=self.site.settings.pop_block_s,
+            block_s=HELP_POLL_S if helping else self.site.settings.pop_block_s,
             turned=functools.partial(self._beat, queue),
             retry_soon=(ReplicationError,),
+            behind=POP_BATCH if helping else 0,
         )
 
     async def _timers(self, lost: asyncio.Event) -> None:

@@ -243,7 +243,7 @@ class Instance:
         ``taken_over``: what is gained was left by a previous run or a dead instance."""
         self._next_sweep = self._clock() + SWEEP_S
         self._leases.forget_holders()
-        names = [keys.LOCAL_LEASE, keys.TIMERS_LEASE, *map(str, await self._pending())]
+        names = [keys.LOCAL_LEASE, keys.REPLY_LEASE, keys.TIMERS_LEASE, *map(str, await self._pending())]
         await self._claim({name: pick(name, self.live) for name in names}, "changed", resumed=taken_over)
 
     def _rebalance(self) -> None:

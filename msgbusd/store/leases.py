@@ -134,15 +134,23 @@ class Leases:
                     self.work.set()
 
     async def run_while_held(
-        self, name: str, work: Callable[[asyncio.Event], Awaitable[None]], stopping: asyncio.Event
+        self,
+        name: str,
+        work: Callable[[asyncio.Event], Awaitable[None]],
+        stopping: asyncio.Event,
+        meanwhile: Callable[[asyncio.Event], Awaitable[None]] | None = None,
     ) -> None:
-        """Run ``work`` whenever ``name`` is held, until ``stopping``; ``work`` gets an event set when the
-        lease is to go (or the daemon stops), and must then return."""
+        """Run ``work`` whenever ``name`` is held, and ``meanwhile`` (if given) whenever it is not, until
+        ``stopping``; each gets an event set when it is to make way for the other (or the daemon stops), and
+        must then return."""
         held = self._held_events.setdefault(name, asyncio.Event())
         while not stopping.is_set():
             if not self.holds(name):
                 held.clear()
-                await first_set(held, stopping)
+                if meanwhile is None:
+                    await first_set(held, stopping)
+                else:
+                    await _run_until(meanwhile, held, stopping)
                 continue
             lost = asyncio.Event()
             self._lost_events.setdefault(name, set()).add(lost)
@@ -198,6 +206,17 @@ class Leases:
         for name in list(self._held):
             self.let_go(name)
         self._stopped = True
+
+
+async def _run_until(work: Callable[[asyncio.Event], Awaitable[None]], *events: asyncio.Event) -> None:
+    """Run ``work`` with an event set once one of ``events`` is."""
+    until = asyncio.Event()
+    watcher = asyncio.ensure_future(first_set(*events))
+    watcher.add_done_callback(lambda _: until.set())
+    try:
+        await work(until)
+    finally:
+        watcher.cancel()
 
 
 async def first_set(*events: asyncio.Event) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
@@ -132,6 +133,35 @@ async def test_work_under_a_lease_runs_while_it_is_held_and_stops_when_it_goes()
     assert leases.releasable() == {keys.LOCAL_LEASE}
     stopping.set()
     await asyncio.wait_for(runner, 5)
+
+
+async def test_other_work_runs_while_a_lease_is_not_held_and_makes_way_when_it_is() -> None:
+    leases = Leases("a")
+    stopping = asyncio.Event()
+    ran: asyncio.Queue[str] = asyncio.Queue()
+
+    def runs(what: str) -> Callable[[asyncio.Event], Awaitable[None]]:
+        async def work(until: asyncio.Event) -> None:
+            ran.put_nowait(what)
+            await until.wait()
+            ran.put_nowait(f"{what} done")
+
+        return work
+
+    async def next_ran() -> str:
+        return await asyncio.wait_for(ran.get(), 5)
+
+    runner = asyncio.create_task(
+        leases.run_while_held(keys.REPLY_LEASE, runs("held"), stopping, meanwhile=runs("meanwhile"))
+    )
+    assert await next_ran() == "meanwhile"
+    leases.gained(keys.REPLY_LEASE)
+    assert [await next_ran() for _ in range(2)] == ["meanwhile done", "held"]
+    leases.let_go(keys.REPLY_LEASE)
+    assert [await next_ran() for _ in range(2)] == ["held done", "meanwhile"]
+    stopping.set()
+    await asyncio.wait_for(runner, 5)
+    assert await next_ran() == "meanwhile done"
 
 
 async def test_work_announced_for_a_held_lease_starts_at_once_without_a_claim() -> None:
