@@ -5,9 +5,10 @@ taking over an instance that died.
   than ``lease_s`` is dead; so is one on this machine whose process is gone (known at once). A live instance
   buries it: moves its processing lists back to the head of their queues and gives its leases to the live
   instances.
-- Each lease (a destination's sending, taking from ``msgbus.system.local``, the timers) goes to the live
-  instance that rendezvous hashing picks for it, so the work spreads and moves as little as possible when an
-  instance comes or goes. A lease whose instance is not the pick is handed on once nothing uses it.
+- Each lease (a destination's sending, taking from ``msgbus.system.local`` or ``msgbus.system.reply``, the
+  timers) goes to the live instance that rendezvous hashing picks for it, so the work spreads and moves as
+  little as possible when an instance comes or goes. A lease whose instance is not the pick is handed on
+  once nothing uses it.
 - Work that comes up for a lease held elsewhere is announced to its holder on the holder's wake channel,
   carrying the work itself when it is small (the holder then sends it from memory instead of reading it
   back). Each instance also looks over the waiting destinations every few seconds, so a lost announcement

@@ -51,7 +51,7 @@ class Leases:
         self._wanted: set[str] = set()
         self._told: set[str] = set()
         # The work each wanted name carries to its holder, in the order it came (None: not all of it).
-        self._carried: dict[str, bytes | None] = {}
+        self._carried: dict[str, list[bytes] | None] = {}
         # Who held a lease that is not ours at the last claim: told of new work directly, without a claim.
         self._elsewhere: dict[str, str] = {}
         # Set when there is claiming or handing over to do.
@@ -82,11 +82,17 @@ class Leases:
         the work, for its holder to take from the announcement rather than from Redis."""
         if name in self._leaving or self._stopped:
             return
-        if name in self._wanted:
-            before = self._carried.get(name)
-            carried = None if before is None or carried is None else before + b"\n" + carried
+        chunks = self._carried.get(name) if name in self._wanted else []
         self._wanted.add(name)
-        self._carried[name] = carried if carried is not None and len(carried) <= CARRIED_BYTES else None
+        if (
+            chunks is not None
+            and carried is not None
+            and sum(map(len, chunks)) + len(carried) <= CARRIED_BYTES
+        ):
+            chunks.append(carried)
+            self._carried[name] = chunks
+        else:
+            self._carried[name] = None
         self.work.set()
 
     def told(self, name: str, carried: bytes | None = None) -> None:
@@ -106,7 +112,9 @@ class Leases:
         wanted, told, carried = self._wanted - self._held, self._told, self._carried
         self._wanted, self._told, self._carried = set(), set(), {}
         elsewhere = self._elsewhere
-        known = {name: Notice(elsewhere[name], carried.get(name)) for name in wanted & elsewhere.keys()}
+        known = {
+            name: Notice(elsewhere[name], _joined(carried.get(name))) for name in wanted & elsewhere.keys()
+        }
         return wanted - known.keys(), told, known
 
     def held_elsewhere(self, name: str, holder: str) -> None:
@@ -206,6 +214,11 @@ class Leases:
         for name in list(self._held):
             self.let_go(name)
         self._stopped = True
+
+
+def _joined(chunks: list[bytes] | None) -> bytes | None:
+    """The carried work of one announcement: its chunks one after the other (each is whole items)."""
+    return b"\n".join(chunks) if chunks else None
 
 
 async def _run_until(work: Callable[[asyncio.Event], Awaitable[None]], *events: asyncio.Event) -> None:
