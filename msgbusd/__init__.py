@@ -8,5 +8,6 @@
 - ``site``: settings, the command line, a site made and run, companions, ``/status``;
 - ``gateway``: ``msgbus gateway``, RMB's HTTP proxy, a program of its own.
 
-``errors`` (the exceptions every room raises) sits beside the rooms and imports none of them.
+``errors`` (the exceptions every room raises) sits beside the rooms and imports none of them; so does
+``command``, the ``msgbusd`` command, which says what to install when the daemon's packages are missing.
 """

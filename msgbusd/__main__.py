@@ -1,3 +1,3 @@
-from msgbusd.site.cli import main
+from msgbusd.command import main
 
 main()

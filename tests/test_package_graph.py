@@ -26,8 +26,8 @@ ROOMS = {
     "site": {"errors", "reports", "identity", "store", "sending", "door"},
     "gateway": {"errors", "reports", "site"},
 }
-# Beside the rooms: the exceptions every room raises, and ``python -m msgbusd``.
-BESIDE_THE_ROOMS = {"errors": set(), "__main__": {"site"}}
+# Beside the rooms: the exceptions every room raises, and the command (``msgbusd``, ``python -m msgbusd``).
+BESIDE_THE_ROOMS = {"errors": set(), "command": {"site"}, "__main__": {"command"}}
 
 
 def _modules() -> dict[str, Path]:
