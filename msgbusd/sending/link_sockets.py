@@ -11,6 +11,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 # The close code of a refused handshake (4000-4999 are the application's).
 REFUSED = 4403
+# The close code of a link closed because its site no longer needs it (idle, or to make room for another):
+# not a break, the other end does not take the peer for down.
+RETIRED = 4000
 
 
 class LinkClosed(Exception):
@@ -34,6 +37,9 @@ class Socket(Protocol):
 
     def refused(self) -> bool:
         """Whether the other side closed with :data:`REFUSED`."""
+
+    def retired(self) -> bool:
+        """Whether the other side closed with :data:`RETIRED`."""
 
 
 class ClientSocket:
@@ -76,6 +82,9 @@ class ClientSocket:
     def refused(self) -> bool:
         return self._code == REFUSED
 
+    def retired(self) -> bool:
+        return self._code == RETIRED
+
 
 class ServerSocket:
     """The site's end (starlette, on the site port)."""
@@ -84,6 +93,7 @@ class ServerSocket:
         self._ws = ws
         self._reason = ""
         self._closed = False
+        self._code: int | None = None
 
     async def send(self, data: bytes) -> None:
         if self._closed:
@@ -104,6 +114,7 @@ class ServerSocket:
             return None
         if message["type"] == "websocket.disconnect":
             self._closed = True
+            self._code = message.get("code")
             self._reason = f"closed by the peer ({message.get('code', '')} {message.get('reason') or ''})"
             return None
         if message.get("bytes") is not None:
@@ -123,3 +134,6 @@ class ServerSocket:
 
     def refused(self) -> bool:
         return False
+
+    def retired(self) -> bool:
+        return self._code == RETIRED

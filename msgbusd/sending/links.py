@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -48,9 +49,10 @@ from msgbusd.identity.signing import SignatureError, Signer, verify_digest
 from msgbusd.reports.logs import about
 from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.link_sockets import REFUSED, ClientSocket, LinkClosed, ServerSocket, Socket
+from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, ServerSocket, Socket
 from twin_resolver.address import peer_url
-from twin_resolver.base import Resolver, ResolverError
+from twin_resolver.base import Resolver, ResolverError, Twin
+from wire.backoff import sleep_unless
 from wire.error_texts import too_large_text
 
 log = logging.getLogger("msgbusd.links")
@@ -58,7 +60,8 @@ log = logging.getLogger("msgbusd.links")
 LINK_PATH = "/zbus-link"
 # Frames received and not yet answered, per link: the sender waits for acks, so more means a flood.
 INBOUND_FRAMES = 16
-# A twin whose site answers the upgrade with plain HTTP is sent POSTs this long before it is asked again.
+# A site that answers the upgrade with plain HTTP is sent POSTs this long before it is asked again, for every
+# twin at its address (scheme, host and port): a daemon answering for many twins is asked once, not per twin.
 RECHECK_S = 600.0
 # A link opened here that breaks this many times within the window (a proxy or network that cuts long-lived
 # connections, or loses much of what it carries) is given up for POSTs a while: each POST stands alone, while
@@ -66,6 +69,8 @@ RECHECK_S = 600.0
 FLAPPING_BREAKS = 3
 FLAPPING_WINDOW_S = 60.0
 FLAPPING_POSTS_S = 60.0
+# Idle links are looked for this often at most.
+IDLE_CHECK_S = 10.0
 
 # What an inbound frame's envelopes get: one result per message, {"status": 200} or status and message.
 Answer = Callable[[int, list[Any]], Awaitable[list[dict[str, Any]]]]
@@ -94,10 +99,22 @@ class Link:
     the order they came."""
 
     def __init__(
-        self, peer: int, socket: Socket, answer: Answer, *, opened_here: bool, peer_max_bytes: int
+        self,
+        peer: int,
+        socket: Socket,
+        answer: Answer,
+        *,
+        opened_here: bool,
+        peer_max_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.peer = peer
         self.opened_here = opened_here
+        self._clock = clock
+        # When a frame last went either way (pings do not count).
+        self.used_at = clock()
+        # Closed by this site because it was idle, or to make room for another: not a break.
+        self.retired = False
         # The largest envelope the peer takes (it says so in the handshake).
         self.peer_max_bytes = peer_max_bytes
         self._socket = socket
@@ -106,6 +123,7 @@ class Link:
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[list[Result]]] = {}
         self._inbound: asyncio.Queue[tuple[int, list[Any]] | None] = asyncio.Queue(INBOUND_FRAMES)
+        self._answering = False
         self._closed: str | None = None
 
     @property
@@ -123,6 +141,7 @@ class Link:
             raise LinkClosed(self._closed)
         frame_id = self._next_id
         self._next_id += 1
+        self.used_at = self._clock()
         answered: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
         self._pending[frame_id] = answered
         try:
@@ -153,6 +172,7 @@ class Link:
                     break
         finally:
             self._closed = self._closed or self._socket.close_reason()
+            self.retired = self.retired or self._socket.retired()
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(LinkClosed(self._closed))
@@ -164,6 +184,16 @@ class Link:
                 await answering
             await self._socket.close(1000, self._closed)
 
+    @property
+    def busy(self) -> bool:
+        """A frame of ours waits for its ack, or one of the peer's for its answer."""
+        return bool(self._pending) or self._answering
+
+    async def retire(self, reason: str) -> None:
+        """Close the link because this site no longer needs it (not a break: it opens again on need)."""
+        self.retired = True
+        await self.close(reason, code=RETIRED)
+
     async def close(self, reason: str, code: int = 1000) -> None:
         """Close the link; frames waiting for an answer fail with :class:`LinkClosed`."""
         if self._closed is None:
@@ -171,6 +201,7 @@ class Link:
         await self._socket.close(code, reason)
 
     async def _dispatch(self, data: bytes) -> bool:
+        self.used_at = self._clock()
         try:
             frame = orjson.loads(data)
             op = frame["op"]
@@ -208,12 +239,16 @@ class Link:
     async def _answer_frames(self) -> None:
         while (frame := await self._inbound.get()) is not None:
             frame_id, messages = frame
-            results = await self._answer(self.peer, messages)
+            self._answering = True
             try:
+                results = await self._answer(self.peer, messages)
                 await self._write(orjson.dumps({"op": "ack", "id": frame_id, "results": results}))
             except LinkClosed:
                 # The peer sends the frame again on its next link; its envelopes are kept once.
                 return
+            finally:
+                self._answering = False
+                self.used_at = self._clock()
 
     async def _write(self, data: bytes) -> None:
         async with self._write_lock:
@@ -238,9 +273,13 @@ class Links:
         timeout_s: float,
         ping_s: float = 5.0,
         max_frame_bytes: int,
+        idle_s: float = 300.0,
+        max_links: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._twin = twin
+        self.idle_s = idle_s
+        self.max_links = max_links
         self._signer = signer
         self._resolver = resolver
         self._http = http
@@ -251,14 +290,42 @@ class Links:
         self._clock = clock
         self._links: dict[int, list[Link]] = {}
         self._opening: dict[int, asyncio.Lock] = {}
-        # Twins sent POSTs until then (their site takes no links, or their links keep breaking).
+        # Twins sent POSTs until then (their links keep breaking), and sites (by origin) that take no links.
         self._posts_until: dict[int, float] = {}
+        self._no_links_until: dict[str, float] = {}
+        # Sites known to take links, and sites being asked for the first time (meanwhile their other twins
+        # are sent POSTs rather than asked too).
+        self._takes_links: set[str] = set()
+        self._asking: set[str] = set()
         self._breaks: dict[int, deque[float]] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
+        # Links adopted whose reader has not ended yet.
+        self._count = 0
 
     def open_count(self) -> int:
         return sum(1 for links in self._links.values() for link in links if link.is_open)
+
+    async def close_idle(self) -> int:
+        """Close the links that carried nothing for ``idle_s`` (either end's: the peer opens one again
+        when it has work); returns how many."""
+        now = self._clock()
+        idle = [link for link in self._all_open() if not link.busy and now - link.used_at >= self.idle_s]
+        for link in idle:
+            log.info("closing the link with twin %s: idle", link.peer, extra=about(twin=link.peer))
+            await link.retire(f"idle for {self.idle_s:g}s")
+        return len(idle)
+
+    async def close_idle_until(self, stopping: asyncio.Event) -> None:
+        """Close idle links every little while until ``stopping``."""
+        while not stopping.is_set():
+            await sleep_unless(stopping, min(self.idle_s / 2, IDLE_CHECK_S))
+            if stopping.is_set():
+                return
+            try:
+                await self.close_idle()
+            except Exception:
+                log.exception("closing idle links failed")
 
     async def link_to(self, twin_id: int, *, replies_only: bool = False) -> Link | None:
         """The link to send to ``twin_id`` on, opened now if there is none; None if its site takes POSTs
@@ -274,17 +341,37 @@ class Links:
             link = self._current(twin_id, replies_only)
             if link is not None or self._posts_until.get(twin_id, 0.0) > self._clock():
                 return link
+            twin, url = await self._link_url(twin_id)
+            origin = _origin(url)
+            if self._no_links_until.get(origin, 0.0) > self._clock():
+                return None
+            first_ask = origin not in self._takes_links
+            if first_ask:
+                if origin in self._asking:
+                    return None
+                self._asking.add(origin)
             try:
-                link = await self._open(twin_id)
+                link = await self._open(twin_id, url, twin.public_key)
             except LinkUnsupported as exc:
-                self._posts_until[twin_id] = self._clock() + RECHECK_S
-                log.info("twin %s takes POSTs only (%s)", twin_id, exc, extra=about(twin=twin_id))
+                self._takes_links.discard(origin)
+                self._no_links_until[origin] = self._clock() + RECHECK_S
+                log.info(
+                    "twin %s takes POSTs only (%s); so do the other twins at %s",
+                    twin_id,
+                    exc,
+                    origin,
+                    extra=about(twin=twin_id),
+                )
                 return None
             except DeliveryError as exc:
                 if exc.offline:
                     self._broke(twin_id, exc.cause)
                 raise
-            self._adopt(link)
+            finally:
+                if first_ask:
+                    self._asking.discard(origin)
+            self._takes_links.add(origin)
+            await self._adopt(link)
             reader = asyncio.ensure_future(self._read(link))
             self._readers.add(reader)
             reader.add_done_callback(self._readers.discard)
@@ -305,8 +392,10 @@ class Links:
         if self._closing:
             await socket.close(1001, "the site is stopping")
             return
-        link = Link(peer, socket, self._answer, opened_here=False, peer_max_bytes=peer_max_bytes)
-        self._adopt(link)
+        link = Link(
+            peer, socket, self._answer, opened_here=False, peer_max_bytes=peer_max_bytes, clock=self._clock
+        )
+        await self._adopt(link)
         log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
         await self._read(link)
 
@@ -320,16 +409,37 @@ class Links:
             await asyncio.wait(list(self._readers), timeout=self.timeout_s)
 
     def _current(self, twin_id: int, replies_only: bool) -> Link | None:
-        links = [link for link in self._links.get(twin_id, []) if link.is_open]
-        self._links[twin_id] = links
+        links = [link for link in self._links.get(twin_id, ()) if link.is_open]
+        if not links:
+            return None
         ours = [link for link in links if link.opened_here]
         theirs = [link for link in links if not link.opened_here]
         if replies_only and theirs:
             return theirs[-1]
         return ours[-1] if ours else None
 
-    def _adopt(self, link: Link) -> None:
+    async def _adopt(self, link: Link) -> None:
+        if self._count >= self.max_links:
+            await self._make_room()
+        self._count += 1
         self._links.setdefault(link.peer, []).append(link)
+
+    async def _make_room(self) -> None:
+        """Close the least recently used link that is not carrying anything now."""
+        idle = [link for link in self._all_open() if not link.busy]
+        if not idle:
+            return
+        oldest = min(idle, key=lambda link: link.used_at)
+        log.info(
+            "closing the link with twin %s: %d links are open (--max-links)",
+            oldest.peer,
+            self._count,
+            extra=about(twin=oldest.peer),
+        )
+        await oldest.retire(f"{self.max_links} links open at most")
+
+    def _all_open(self) -> list[Link]:
+        return [link for links in self._links.values() for link in links if link.is_open]
 
     async def _read(self, link: Link) -> None:
         try:
@@ -337,16 +447,19 @@ class Links:
         except Exception:
             log.exception("the link with twin %s failed", link.peer, extra=about(twin=link.peer))
         finally:
+            self._count -= 1
             links = self._links.get(link.peer, [])
             if link in links:
                 links.remove(link)
+            if not links:
+                self._links.pop(link.peer, None)
             log.info(
                 "link with twin %s closed: %s",
                 link.peer,
                 link.closed_reason,
                 extra=about(twin=link.peer),
             )
-            if link.opened_here and not self._closing:
+            if link.opened_here and not self._closing and not link.retired:
                 self._broke(link.peer, link.closed_reason or "closed")
 
     def _broke(self, twin_id: int, reason: str) -> None:
@@ -369,14 +482,17 @@ class Links:
                 extra=about(twin=twin_id),
             )
 
-    async def _open(self, twin_id: int) -> Link:
+    async def _link_url(self, twin_id: int) -> tuple[Twin, str]:
+        """The twin and the URL of the link endpoint at its address."""
         try:
             twin = await self._resolver.get_twin(twin_id)
-            url = peer_url(twin.address, LINK_PATH)
+            return twin, peer_url(twin.address, LINK_PATH)
         except ResolverError as exc:
             raise DeliveryError(str(exc), kind="not_found") from exc
         except ValueError as exc:
             raise DeliveryError(f"twin {twin_id} has an unusable address {twin.address!r}: {exc}") from exc
+
+    async def _open(self, twin_id: int, url: str, public_key: bytes) -> Link:
         try:
             ws = await self._http.websocket(
                 "ws" + url.removeprefix("http"),
@@ -397,7 +513,7 @@ class Links:
         socket = ClientSocket(ws)
         try:
             peer_max_bytes = await asyncio.wait_for(
-                self._introduce(socket, twin_id, twin.public_key), self.timeout_s
+                self._introduce(socket, twin_id, public_key), self.timeout_s
             )
         except TimeoutError as exc:
             await socket.close(1000, "no handshake in time")
@@ -409,7 +525,9 @@ class Links:
             # Cut during the handshake: like a connection that failed.
             raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
         log.info("opened a link to twin %s at %s", twin_id, url, extra=about(twin=twin_id))
-        return Link(twin_id, socket, self._answer, opened_here=True, peer_max_bytes=peer_max_bytes)
+        return Link(
+            twin_id, socket, self._answer, opened_here=True, peer_max_bytes=peer_max_bytes, clock=self._clock
+        )
 
     async def _introduce(self, socket: Socket, twin_id: int, public_key: bytes) -> int:
         """The opener's half of the handshake: the largest envelope the site takes. Raises
@@ -490,6 +608,12 @@ async def send_envelopes(
             if answer.status != 200:
                 results[index] = peer_refusal(twin_id, answer.status, answer.message, answer.retry_after_s)
     return results
+
+
+def _origin(url: str) -> str:
+    """The site part of a URL: scheme, host and port."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class _Refused(Exception):

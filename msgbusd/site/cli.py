@@ -175,6 +175,18 @@ def site_settings(
     link_ping: Annotated[
         float, typer.Option(min=0.1, help="Seconds between pings on a link; two missed pongs close it.")
     ] = 5.0,
+    link_idle: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="Close a link that carried no message for this many seconds (opened again on need)."
+        ),
+    ] = 300.0,
+    max_links: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Links open at once at most; the least recently used one is closed to open another."
+        ),
+    ] = 4096,
     max_message_size: Annotated[
         int,
         typer.Option(
@@ -276,6 +288,8 @@ def site_settings(
         hold_offline=hold_offline,
         links=links,
         link_ping_s=link_ping,
+        link_idle_s=link_idle,
+        max_links=max_links,
         max_message_bytes=max_message_size,
         rate_limit=rate_limit,
         rate_burst=rate_burst,

@@ -256,6 +256,8 @@ class Daemon:
             group.create_task(site.instance.run(stopping), name="heartbeat")
             group.create_task(site.instance.listen(stopping), name="wake channel")
             group.create_task(site.events.run(self._stopping), name="event log")
+            if site.links is not None:
+                group.create_task(site.links.close_idle_until(stopping), name="idle links")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             if self._metrics_sock is not None:
                 reports = Starlette(routes=self._report_routes(lambda app: app))
@@ -441,6 +443,8 @@ async def open_site(
             answer_on_link,
             timeout_s=settings.send_timeout_s,
             ping_s=settings.link_ping_s,
+            idle_s=settings.link_idle_s,
+            max_links=settings.max_links,
             max_frame_bytes=max_body_bytes,
         )
     peers = Peers(

@@ -66,6 +66,10 @@ class Settings:
     # to go-rmb sites); pings on a link go this often, and a link whose pong is late is closed.
     links: bool = True
     link_ping_s: float = 5.0
+    # A link that carried nothing this long is closed (opened again when there is work); at most this many
+    # links are open at once, the least recently used one closed first (each holds a socket).
+    link_idle_s: float = 300.0
+    max_links: int = 4096
     # Where to write the event log (None: no event log), and when to start its next file.
     event_log_dir: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from msgbusd.identity.keys import load_signer, new_mnemonic
-from testing.local_sites import LocalCluster
+from testing.local_sites import LocalCluster, wait_until
 from tests.support.metrics import scrape
 from tests.support.services import RawService, pop_replies, push_request
 from tests.support.tcp_proxy import TcpProxy
@@ -203,4 +203,51 @@ def test_links_cut_mid_frame_lose_nothing_and_run_nothing_twice() -> None:
         for proxy in proxies:
             proxy.close()
         conn.close()
+        cluster.cleanup()
+
+
+def test_an_idle_link_is_closed_and_opened_again_when_there_is_work() -> None:
+    cluster = LocalCluster(size=2, extra_args=["--link-idle", "1"]).prepare()
+    cluster.launch()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        with RawService(cluster.redis[1].url, "echo.two"):
+            assert round_trip(site1, 2, "echo.two", b"first") == b"first"
+            wait_until(
+                lambda: all(scrape(site.url)["msgbus_links_open"] == 0 for site in cluster.sites),
+                what="the idle link closed at both ends",
+            )
+            assert round_trip(site1, 2, "echo.two", b"again") == b"again"
+            assert scrape(cluster.sites[0].url)["msgbus_links_open"] == 1
+        # Whichever end noticed first closed it.
+        logs = [site.log() for site in cluster.sites]
+        assert any(f"closing the link with twin {3 - n}: idle" in log for n, log in enumerate(logs, start=1))
+        # Closed on purpose, not broken: no resends, and no falling back to POSTs.
+        assert "broke" not in logs[0]
+        metrics = scrape(cluster.sites[0].url)
+        assert metrics['msgbus_send_seconds_count{path="link"}'] == 2
+        assert metrics['msgbus_send_seconds_count{path="remote"}'] == 0
+    finally:
+        site1.close()
+        cluster.cleanup()
+
+
+def test_at_most_max_links_are_open_the_least_recently_used_one_closed_first() -> None:
+    cluster = LocalCluster(size=3).prepare()
+    cluster.sites[0].extra_args = ["--max-links", "1"]
+    cluster.launch()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        with RawService(cluster.redis[1].url, "echo.two"), RawService(cluster.redis[2].url, "echo.three"):
+            for n in range(3):
+                assert round_trip(site1, 2, "echo.two", b"%d" % n) == b"%d" % n
+                assert round_trip(site1, 3, "echo.three", b"%d" % n) == b"%d" % n
+                assert scrape(cluster.sites[0].url)["msgbus_links_open"] == 1
+        log = cluster.sites[0].log()
+        assert log.count("links are open (--max-links)") == 5
+        assert "broke" not in log
+        metrics = scrape(cluster.sites[0].url)
+        assert metrics['msgbus_send_seconds_count{path="link"}'] == 6
+    finally:
+        site1.close()
         cluster.cleanup()
