@@ -97,7 +97,8 @@ class StandaloneCluster:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.master_ui_port}/json/", timeout=2) as answer:
                 return dict(json.load(answer))
-        except OSError:
+        except (OSError, ValueError):
+            # Not up yet, or its web UI answered with a page rather than the JSON (seen while it starts).
             return {}
 
     def completed_apps(self) -> list[dict[str, Any]]:
