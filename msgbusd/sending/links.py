@@ -327,14 +327,17 @@ class Links:
             except Exception:
                 log.exception("closing idle links failed")
 
-    async def link_to(self, twin_id: int, *, replies_only: bool = False) -> Link | None:
-        """The link to send to ``twin_id`` on, opened now if there is none; None if its site takes POSTs
-        only. Raises :class:`DeliveryError` when the site cannot be reached or fails the handshake.
+    async def link_to(
+        self, twin_id: int, *, replies_only: bool = False, open_new: bool = True
+    ) -> Link | None:
+        """The link to send to ``twin_id`` on, opened now if there is none (and ``open_new``); None if its
+        site takes POSTs only, or there is none and none is to be opened. Raises :class:`DeliveryError`
+        when the site cannot be reached or fails the handshake.
 
         Requests go over a link this site opened, to the address the resolver gives for the twin. Replies
         go back over the link the twin opened (the one their requests came on) while it is open."""
         link = self._current(twin_id, replies_only)
-        if link is not None or self._posts_until.get(twin_id, 0.0) > self._clock():
+        if link is not None or not open_new or self._posts_until.get(twin_id, 0.0) > self._clock():
             return link
         lock = self._opening.setdefault(twin_id, asyncio.Lock())
         async with lock:

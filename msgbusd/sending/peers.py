@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -60,6 +61,9 @@ BATCH = 64
 IDLE_STOP_S = 30.0
 # What a sender that is not in step with its queue keeps of the work queued meanwhile, to catch up.
 KEPT_WHILE_UNTRUSTED = 4 * BATCH
+# A twin sent several messages at once (Peers.link_after), or one again within this long, is worth a link
+# (when its site takes links); a single message now and then goes in a POST.
+BUSY_WITHIN_S = 10.0
 
 # Peers forgets a peer once it is up and idle: one it no longer holds is up.
 UP = HealthState("up")
@@ -126,6 +130,8 @@ class Peer:
         self._peers = peers
         self._schedule = peers.schedule
         self._store = peers.store
+        # When something was last sent to the twin (monotonic).
+        self._sent_at = -math.inf
 
     # --- the sender --------------------------------------------------------------------------------------
 
@@ -287,8 +293,12 @@ class Peer:
     ) -> list[DeliveryError | None]:
         links = self._peers.links
         if links is not None:
+            # A link pays for its handshake only if more follows: one message now and then goes in a POST.
+            now = time.monotonic()
+            busy = len(signed) >= self._peers.link_after or now - self._sent_at < BUSY_WITHIN_S
+            self._sent_at = now
             try:
-                link = await links.link_to(self.twin, replies_only=replies_only)
+                link = await links.link_to(self.twin, replies_only=replies_only, open_new=busy)
             except DeliveryError as exc:
                 return [exc] * len(signed)
             if link is not None:
@@ -373,6 +383,7 @@ class Peers:
         leases: Leases | None = None,
         probe_s: float = 1.0,
         workers: int = 1000,
+        link_after: int = 2,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
         events: EventLog | None = None,
@@ -386,6 +397,8 @@ class Peers:
         self.leases = leases
         self.stopping = stopping
         self.probes = probe_backoff(probe_s)
+        # A link to a twin is opened once this many messages go to it at once (or it is busy).
+        self.link_after = link_after
         self.turns = asyncio.Semaphore(workers)
         self.probe_turns = asyncio.Semaphore(workers)
         self.clock = clock

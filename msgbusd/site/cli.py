@@ -181,6 +181,14 @@ def site_settings(
             min=0.1, help="Close a link that carried no message for this many seconds (opened again on need)."
         ),
     ] = 300.0,
+    link_after: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Open a link to a twin once this many messages go to it at once, or it is sent one "
+            "within 10 s of the last (1: at its first message); until then they go in POSTs.",
+        ),
+    ] = 2,
     max_links: Annotated[
         int,
         typer.Option(
@@ -290,6 +298,7 @@ def site_settings(
         link_ping_s=link_ping,
         link_idle_s=link_idle,
         max_links=max_links,
+        link_after=link_after,
         max_message_bytes=max_message_size,
         rate_limit=rate_limit,
         rate_burst=rate_burst,

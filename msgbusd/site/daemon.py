@@ -459,6 +459,7 @@ async def open_site(
         leases=leases,
         probe_s=settings.probe_interval_s,
         workers=settings.workers,
+        link_after=settings.link_after,
         clock=clock,
         metrics=metrics,
         events=events,

@@ -70,6 +70,9 @@ class Settings:
     # links are open at once, the least recently used one closed first (each holds a socket).
     link_idle_s: float = 300.0
     max_links: int = 4096
+    # A link to a twin is opened once this many messages go to it at once, or when it is sent one within
+    # 10 s of the last; until then (one message now and then) they go in POSTs.
+    link_after: int = 2
     # Where to write the event log (None: no event log), and when to start its next file.
     event_log_dir: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024

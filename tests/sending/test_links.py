@@ -21,6 +21,8 @@ from twin_resolver.static import write_twin_file
 pytestmark = pytest.mark.timeout(90)
 
 FAST_RETRIES = ["--retry-delay", "0.05", "--retry-max-delay", "0.2"]
+# A link from a twin's first message on (by default a single message goes in a POST).
+LINK_AT_ONCE = ["--link-after", "1"]
 
 
 def round_trip(conn: redis.Redis, dst: int, cmd: str, data: bytes = b"ping") -> bytes:
@@ -42,22 +44,27 @@ def test_requests_go_over_the_senders_link_and_replies_come_back_on_it() -> None
             RawService(cluster.redis[0].url, "echo.one", handler=lambda data: b"1:" + data),
             RawService(cluster.redis[1].url, "echo.two", handler=lambda data: b"2:" + data),
         ):
+            # A twin's first message goes in a POST (and its reply too): no link for a single message.
+            assert round_trip(site1, 2, "echo.two", b"first") == b"2:first"
+            for site in cluster.sites:
+                assert scrape(site.url)["msgbus_links_open"] == 0
             for n in range(10):
                 assert round_trip(site1, 2, "echo.two", b"%d" % n) == b"2:%d" % n
-            # Only site 1 has sent requests: one link, which carried site 2's replies back.
-            assert (proxies[1].connections, proxies[2].connections) == (0, 1)
+            # Site 1 kept sending: one link, which carried site 2's replies back.
             assert scrape(cluster.sites[1].url)['msgbus_send_seconds_count{path="link"}'] == 10
             # Site 2's own requests go to the address the resolver gives for twin 1, on a link of its own.
             for n in range(10):
                 assert round_trip(site2, 1, "echo.one", b"%d" % n) == b"1:%d" % n
                 assert round_trip(site1, 2, "echo.two", b"%d" % n) == b"2:%d" % n
+        # One connection each way: a link upgrades the connection the POSTs kept alive.
         assert (proxies[1].connections, proxies[2].connections) == (1, 1)
         for site in cluster.sites:
             metrics = scrape(site.url)
             assert metrics["msgbus_links_open"] == 2
             assert metrics['msgbus_send_seconds_count{path="link"}'] == 30
-            assert metrics['msgbus_send_seconds_count{path="remote"}'] == 0
-            assert metrics['msgbus_send_seconds_count{path="reply"}'] == 0
+        posts = [scrape(site.url) for site in cluster.sites]
+        assert posts[0]['msgbus_send_seconds_count{path="remote"}'] == 1
+        assert posts[1]['msgbus_send_seconds_count{path="reply"}'] == 1
     finally:
         for proxy in proxies.values():
             proxy.close()
@@ -93,7 +100,7 @@ def test_a_peer_that_refuses_the_upgrade_is_sent_posts() -> None:
 
 
 def test_a_site_whose_key_does_not_match_the_resolver_gets_no_link_either_way() -> None:
-    cluster = LocalCluster(size=2, extra_args=FAST_RETRIES).prepare()
+    cluster = LocalCluster(size=2, extra_args=[*FAST_RETRIES, *LINK_AT_ONCE]).prepare()
     site1, site2 = cluster.sites
     # The resolver says twin 2 holds another key than the one its site signs with.
     impostor_key = load_signer(new_mnemonic(), "sr25519").public_key
@@ -133,7 +140,7 @@ def site2_url(address: str) -> str:
 
 @pytest.mark.slow
 def test_a_12_mib_payload_crosses_a_link() -> None:
-    cluster = LocalCluster(size=2).start()
+    cluster = LocalCluster(size=2, extra_args=LINK_AT_ONCE).start()
     conn = redis.Redis.from_url(cluster.redis[0].url)
     payload = bytes(range(256)) * (12 * 1024 * 1024 // 256)
     try:
@@ -207,7 +214,7 @@ def test_links_cut_mid_frame_lose_nothing_and_run_nothing_twice() -> None:
 
 
 def test_an_idle_link_is_closed_and_opened_again_when_there_is_work() -> None:
-    cluster = LocalCluster(size=2, extra_args=["--link-idle", "1"]).prepare()
+    cluster = LocalCluster(size=2, extra_args=["--link-idle", "1", *LINK_AT_ONCE]).prepare()
     cluster.launch()
     site1 = redis.Redis.from_url(cluster.redis[0].url)
     try:
@@ -233,8 +240,8 @@ def test_an_idle_link_is_closed_and_opened_again_when_there_is_work() -> None:
 
 
 def test_at_most_max_links_are_open_the_least_recently_used_one_closed_first() -> None:
-    cluster = LocalCluster(size=3).prepare()
-    cluster.sites[0].extra_args = ["--max-links", "1"]
+    cluster = LocalCluster(size=3, extra_args=LINK_AT_ONCE).prepare()
+    cluster.sites[0].extra_args = [*cluster.sites[0].extra_args, "--max-links", "1"]
     cluster.launch()
     site1 = redis.Redis.from_url(cluster.redis[0].url)
     try:
