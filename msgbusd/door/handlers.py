@@ -44,7 +44,7 @@ class Handlers:
         store: Store,
         items: SendItems,
         twin: int,
-        on_accepted: Callable[[Mapping[int, list[SendItem] | None]], None],
+        on_accepted: Callable[[Mapping[int, list[SendItem] | None], set[int]], None],
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
         events: EventLog | None = None,
@@ -122,11 +122,14 @@ class Handlers:
         accepted = await self._store.accept_requests(requests)
         ready: dict[int, list[SendItem] | None] = {}
         uids_at: dict[int, list[str]] = {}
-        for position, original, uids in zip(positions, originals, accepted, strict=True):
-            if uids is None:
+        queue_lengths: dict[int, int] = {}
+        for position, original, queued in zip(positions, originals, accepted, strict=True):
+            if queued is None:
                 # Accepted by an earlier try whose answer was lost: queued, but not by us just now.
                 ready.update(dict.fromkeys(original.dst))
                 continue
+            uids = queued.uids
+            queue_lengths.update(zip(original.dst, queued.queue_lengths, strict=True))
             log.debug(
                 "accepted request cmd=%s ret=%s uids=%s",
                 original.cmd,
@@ -142,7 +145,9 @@ class Handlers:
                 items = ready.setdefault(dst, [])
                 if items is not None:
                     items.append(self._items.request(uid, original))
-        self._on_accepted(ready)
+        # Send queues that hold nothing but what was just queued: their senders know them whole.
+        alone = {dst for dst, items in ready.items() if items and queue_lengths.get(dst) == len(items)}
+        self._on_accepted(ready, alone)
         return uids_at
 
     def _remember(self, uid: str, original: Envelope) -> None:
@@ -369,4 +374,4 @@ class Handlers:
                 ready[item.dst] = None
             else:
                 items.append(self._items.reply(item.key, env.replace(sig=""), item.state))
-        self._on_accepted(ready)
+        self._on_accepted(ready, set())

@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -425,18 +425,19 @@ class Peers:
             reports.append(PeerReport.of(twin, health, activity.get(twin), now))
         return reports
 
-    def kick_all(self, ready: Mapping[int, Sequence[SendItem] | None]) -> None:
-        """:meth:`kick` each destination of ``ready``."""
+    def kick_all(self, ready: Mapping[int, Sequence[SendItem] | None], alone: Set[int] = frozenset()) -> None:
+        """:meth:`kick` each destination of ``ready``; those of ``alone`` have nothing else queued."""
         for dst, items in ready.items():
-            self.kick(dst, items)
+            self.kick(dst, items, alone=dst in alone)
 
     def holds(self, dst: int) -> bool:
         """This instance sends to ``dst`` (another instance of the site may)."""
         return self.leases is None or self.leases.holds(str(dst))
 
-    def kick(self, dst: int, items: Sequence[SendItem] | None = None) -> None:
+    def kick(self, dst: int, items: Sequence[SendItem] | None = None, *, alone: bool = False) -> None:
         """``items`` were just queued for ``dst`` (None: something was, not known what): wake its sender,
-        handing them over, or start one; or, when another instance sends to ``dst``, have it told."""
+        handing them over, or start one; or, when another instance sends to ``dst``, have it told.
+        ``alone``: the send queue holds nothing else, so a new sender sends them from memory at once."""
         if not self.holds(dst):
             assert self.leases is not None
             self.leases.want(str(dst), self.items.pack(items) if items else None)
@@ -448,7 +449,7 @@ class Peers:
         if lane is None:
             if self.stopping.is_set():
                 return
-            lane = peer.lane = Lane()
+            lane = peer.lane = Lane(trusted=alone and bool(items))
             self._spawn(peer.run(lane), f"sender to twin {dst}")
         if items is None:
             lane.distrust()

@@ -39,21 +39,22 @@ return 1
 """
 
 # Gives the request a uid per destination ("<dst>.<n>", n from INCR of that destination's counter) and
-# returns them. KEYS: processing, backlog, deadlines, destinations set, then (counter, send queue) per
-# destination. ARGV: raw item, original request, deadline, then the destinations.
+# returns them, and the length of each destination's send queue after it.
+# KEYS: processing, backlog, deadlines, destinations set, then (counter, send queue) per destination.
+# ARGV: raw item, original request, deadline, then the destinations.
 _ACCEPT_REQUEST = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
-local uids = {}
+local uids, lengths = {}, {}
 for i = 4, #ARGV do
   local dst = ARGV[i]
   local uid = dst .. '.' .. redis.call('INCR', KEYS[5 + (i - 4) * 2])
   redis.call('HSET', KEYS[2], uid, ARGV[2])
   redis.call('ZADD', KEYS[3], ARGV[3], uid)
-  redis.call('RPUSH', KEYS[6 + (i - 4) * 2], 'req:' .. uid)
+  lengths[#lengths + 1] = redis.call('RPUSH', KEYS[6 + (i - 4) * 2], 'req:' .. uid)
   redis.call('SADD', KEYS[4], dst)
   uids[#uids + 1] = uid
 end
-return uids
+return {uids, lengths}
 """
 
 # Drops a request that has already failed at least once (its peer did not take it) and is not finished:
@@ -164,6 +165,23 @@ class AcceptedRequest:
     original: bytes
     deadline: float
     destinations: Sequence[int]
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A local request recorded: its uid for each destination, in order, and the length of each
+    destination's send queue just after."""
+
+    uids: list[str]
+    queue_lengths: list[int]
+
+
+def _queued(found: Any) -> Queued | None:
+    """What the request script answered: its uids and queue lengths, or 0 (accepted before)."""
+    if not found:
+        return None
+    uids, lengths = found
+    return Queued([as_text(uid) for uid in uids], [int(length) for length in lengths])
 
 
 @dataclass(frozen=True)
@@ -310,10 +328,10 @@ class Store(SendQueues):
 
     # --- requests: uids, backlog, deadlines -------------------------------------------------
 
-    async def accept_requests(self, requests: Sequence[AcceptedRequest]) -> list[list[str] | None]:
+    async def accept_requests(self, requests: Sequence[AcceptedRequest]) -> list[Queued | None]:
         """Record each local request for each of its destinations (uid, backlog, deadline, send queue) and
-        ack its raw item, atomically per request, in one round trip. Returns each request's uids, in the
-        order of its destinations, or None for one that had already been accepted."""
+        ack its raw item, atomically per request, in one round trip. Returns each request's uids and send
+        queue lengths, in the order of its destinations, or None for one that had already been accepted."""
         batch = ScriptBatch(self.redis, self._replication)
         for request in requests:
             script_keys = [self.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
@@ -321,7 +339,7 @@ class Store(SendQueues):
                 script_keys += [keys.uid_counter(dst), keys.send_queue(dst)]
             args: list[Any] = [request.raw, request.original, request.deadline, *request.destinations]
             batch.script(self._accept_request, script_keys, args)
-        return [[as_text(uid) for uid in uids] if uids else None for uids in await batch.run()]
+        return [_queued(found) for found in await batch.run()]
 
     async def load_entries(
         self, entries: Sequence[str], *, attempts: bool = False

@@ -15,6 +15,7 @@ from msgbusd.store.queues import (
     Inbound,
     Outcome,
     PendingReply,
+    Queued,
     Store,
 )
 from wire import keys
@@ -45,11 +46,12 @@ async def test_a_request_is_accepted_once_and_queued_for_each_destination(
     await async_redis.rpush(keys.LOCAL, b"req")
     (raw,) = await taken(async_redis, keys.LOCAL, 1)
     request = AcceptedRequest(raw, b"original", 123.0, [2, 3])
-    assert await store.accept_requests([request]) == [["2.1", "3.42"]]
+    await async_redis.rpush(keys.send_queue(3), b"req:3.41")
+    assert await store.accept_requests([request]) == [Queued(["2.1", "3.42"], [1, 2])]
     assert await store.accept_requests([request]) == [None]
     assert await async_redis.hgetall(keys.BACKLOG) == {b"2.1": b"original", b"3.42": b"original"}
     assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:2.1"]
-    assert await async_redis.lrange(keys.send_queue(3), 0, -1) == [b"req:3.42"]
+    assert await async_redis.lrange(keys.send_queue(3), 0, -1) == [b"req:3.41", b"req:3.42"]
     deadlines = await async_redis.zrange(keys.DEADLINES, 0, -1, withscores=True)
     assert deadlines == [(b"2.1", 123.0), (b"3.42", 123.0)]
     assert await store.pending_destinations() == [2, 3]
@@ -211,7 +213,9 @@ async def test_requests_past_their_deadline_are_counted_until_they_have_an_outco
     store = Store(async_redis)
     await async_redis.rpush(keys.LOCAL, b"req")
     (raw,) = await taken(async_redis, keys.LOCAL, 1)
-    ((uid,),) = await store.accept_requests([AcceptedRequest(raw, b"original", 123.0, [2])])
+    (queued,) = await store.accept_requests([AcceptedRequest(raw, b"original", 123.0, [2])])
+    assert queued is not None
+    (uid,) = queued.uids
     assert (await store.overdue(122.9), await store.overdue(123.0)) == (0, 1)
     assert await store.finish(uid, "ret", b"reply")
     assert await store.overdue(200.0) == 0
