@@ -1,0 +1,87 @@
+"""Many destinations: one site talks to N twins answered by one process (:mod:`testing.many_twins`), and
+what that costs the daemon as N grows.
+
+For each N, every request is pushed at once, one per twin (at least 1,000 in all: N = 1 gets 1,000, N = 100
+ten each), and the run ends with the last answer. Prints one JSON line per N: requests per second, the
+daemon's CPU per request, its resident memory before, after and (``--idle S``) after S seconds idle, and
+the growth of the site's Redis memory.
+
+    python -m bench.scale [--destinations 1,100,1000,10000] [--no-links] [--idle S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import redis
+
+from bench.rpc import cpu_seconds, rss_mib
+from client.sync import Client
+from testing.local_sites import LocalCluster
+from testing.many_twins import ManyTwinsProcess
+
+MIN_REQUESTS = 1_000
+CMD = "scale.echo"
+PAYLOAD = b"x" * 64
+# The harness's twins start at this id.
+FIRST_TWIN = 1000
+
+
+def redis_used_mib(url: str) -> float:
+    with redis.Redis.from_url(url) as conn:
+        return int(conn.info("memory")["used_memory"]) / 2**20
+
+
+def run(destinations: int, *, links: bool, idle_s: float) -> dict[str, Any]:
+    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, links=links)
+    cluster = LocalCluster(size=1, extra_twins=harness.twins()).start()
+    try:
+        harness.start(cluster.twins_file)
+        process = cluster.sites[0].process
+        assert process is not None
+        pid, redis_url = process.pid, cluster.redis[0].url
+        requests = max(destinations, MIN_REQUESTS)
+        targets = [FIRST_TWIN + n % destinations for n in range(requests)]
+        rss_before, redis_before = rss_mib(pid), redis_used_mib(redis_url)
+        cpu_before, started = cpu_seconds(pid), time.monotonic()
+        with Client(redis_url) as client:
+            rets = [client.send(twin, CMD, PAYLOAD, exp=600, retries=0) for twin in targets]
+            errors = sum(1 for ret in rets if client.wait(ret, timeout=600)[0].error)
+        elapsed = time.monotonic() - started
+        cpu = cpu_seconds(pid) - cpu_before
+        result: dict[str, Any] = {
+            "destinations": destinations,
+            "links": links,
+            "requests": requests,
+            "errors": errors,
+            "seconds": round(elapsed, 2),
+            "rpc_per_s": round(requests / elapsed, 1),
+            "daemon_cpu_ms_per_rpc": round(cpu * 1000 / requests, 3),
+            "rss_before_mib": round(rss_before, 1),
+            "rss_after_mib": round(rss_mib(pid), 1),
+            "redis_growth_mib": round(redis_used_mib(redis_url) - redis_before, 1),
+        }
+        if idle_s:
+            time.sleep(idle_s)
+            result["rss_idle_mib"] = round(rss_mib(pid), 1)
+        return result
+    finally:
+        harness.stop()
+        cluster.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--destinations", default="1,100,1000,10000", help="comma-separated twin counts")
+    parser.add_argument("--no-links", dest="links", action="store_false", help="the twins take POSTs only")
+    parser.add_argument("--idle", type=float, default=0.0, metavar="S", help="RSS again after S s idle")
+    args = parser.parse_args()
+    for destinations in (int(n) for n in args.destinations.split(",")):
+        print(json.dumps(run(destinations, links=args.links, idle_s=args.idle)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
