@@ -6,22 +6,37 @@ ten each), and the run ends with the last answer. Prints one JSON line per N: re
 daemon's CPU per request, its resident memory before, after and (``--idle S``) after S seconds idle, and
 the growth of the site's Redis memory.
 
-    python -m bench.scale [--destinations 1,100,1000,10000] [--no-links] [--idle S]
+    python -m bench.scale [--destinations 1,100,1000,10000] [--no-links] [--idle S] [--peer-bin GO_RMB]
+
+``--peer-bin`` runs the same requests through a go-rmb daemon as the site (a measuring instrument, not part
+of msgbus), right after msgbus for each N, against the same twins (it reaches each at its address alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
 from bench.rpc import cpu_seconds, rss_mib
 from client.sync import Client
-from testing.local_sites import LocalCluster
+from msgbusd.identity.signing import Signer
+from testing.local_sites import LocalCluster, RedisProcess, free_port, wait_until
 from testing.many_twins import ManyTwinsProcess
+from twin_resolver.base import Twin
+from twin_resolver.static import write_twin_file
 
 MIN_REQUESTS = 1_000
 CMD = "scale.echo"
@@ -42,35 +57,83 @@ def run(destinations: int, *, links: bool, idle_s: float) -> dict[str, Any]:
         harness.start(cluster.twins_file)
         process = cluster.sites[0].process
         assert process is not None
-        pid, redis_url = process.pid, cluster.redis[0].url
-        requests = max(destinations, MIN_REQUESTS)
-        targets = [FIRST_TWIN + n % destinations for n in range(requests)]
-        rss_before, redis_before = rss_mib(pid), redis_used_mib(redis_url)
-        cpu_before, started = cpu_seconds(pid), time.monotonic()
-        with Client(redis_url) as client:
-            rets = [client.send(twin, CMD, PAYLOAD, exp=600, retries=0) for twin in targets]
-            errors = sum(1 for ret in rets if client.wait(ret, timeout=600)[0].error)
-        elapsed = time.monotonic() - started
-        cpu = cpu_seconds(pid) - cpu_before
-        result: dict[str, Any] = {
-            "destinations": destinations,
+        return {
+            "system": "msgbus",
             "links": links,
-            "requests": requests,
-            "errors": errors,
-            "seconds": round(elapsed, 2),
-            "rpc_per_s": round(requests / elapsed, 1),
-            "daemon_cpu_ms_per_rpc": round(cpu * 1000 / requests, 3),
-            "rss_before_mib": round(rss_before, 1),
-            "rss_after_mib": round(rss_mib(pid), 1),
-            "redis_growth_mib": round(redis_used_mib(redis_url) - redis_before, 1),
+            **measure(destinations, process.pid, cluster.redis[0].url, idle_s),
         }
-        if idle_s:
-            time.sleep(idle_s)
-            result["rss_idle_mib"] = round(rss_mib(pid), 1)
-        return result
     finally:
         harness.stop()
         cluster.cleanup()
+
+
+def run_go_rmb(binary: str, destinations: int, *, idle_s: float) -> dict[str, Any]:
+    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, links=False)
+    with go_rmb_site(binary, harness) as (pid, redis_url):
+        return {"system": "go-rmb", "links": False, **measure(destinations, pid, redis_url, idle_s)}
+
+
+@contextlib.contextmanager
+def go_rmb_site(binary: str, harness: ManyTwinsProcess) -> Iterator[tuple[int, str]]:
+    """A go-rmb daemon as twin 1 with its own Redis, and the harness's twins at their addresses alone."""
+    workdir = Path(tempfile.mkdtemp(prefix="msgbus-scale-"))
+    seed, port = os.urandom(32), free_port()
+    site = Twin(id=1, address=f"127.0.0.1:{port}", public_key=Signer(seed, "ed25519").public_key)
+    twins = harness.twins()
+    # The harness reads the site's key and address from a twin file of msgbus's format; go-rmb its own.
+    write_twin_file(workdir / "twins.json", [site, *twins])
+    go_twins = {str(t.id): {"ip": urlsplit(t.address).netloc, "pk": t.public_key.hex()} for t in twins}
+    go_twins["1"] = {"ip": site.address, "pk": site.public_key.hex()}
+    (workdir / "go-twins.json").write_text(json.dumps(go_twins))
+    redis_process = RedisProcess().start()
+    args = [binary, "--twin", "1", "--seed", seed.hex(), "--twins", str(workdir / "go-twins.json")]
+    args += ["--redis", f"127.0.0.1:{redis_process.port}", "--listen", site.address, "--log-level", "error"]
+    daemon = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        harness.start(workdir / "twins.json")
+        wait_until(lambda: _listening(port), what="go-rmb to listen")
+        yield daemon.pid, redis_process.url
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)
+        harness.stop()
+        redis_process.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False
+
+
+def measure(destinations: int, pid: int, redis_url: str, idle_s: float) -> dict[str, Any]:
+    """Push one request per twin (at least 1,000 in all) to the site whose daemon is ``pid`` and wait for
+    every answer."""
+    requests = max(destinations, MIN_REQUESTS)
+    targets = [FIRST_TWIN + n % destinations for n in range(requests)]
+    rss_before, redis_before = rss_mib(pid), redis_used_mib(redis_url)
+    cpu_before, started = cpu_seconds(pid), time.monotonic()
+    with Client(redis_url) as client:
+        rets = [client.send(twin, CMD, PAYLOAD, exp=600, retries=0) for twin in targets]
+        errors = sum(1 for ret in rets if client.wait(ret, timeout=600)[0].error)
+    elapsed = time.monotonic() - started
+    cpu = cpu_seconds(pid) - cpu_before
+    result: dict[str, Any] = {
+        "destinations": destinations,
+        "requests": requests,
+        "errors": errors,
+        "seconds": round(elapsed, 2),
+        "rpc_per_s": round(requests / elapsed, 1),
+        "daemon_cpu_ms_per_rpc": round(cpu * 1000 / requests, 3),
+        "rss_before_mib": round(rss_before, 1),
+        "rss_after_mib": round(rss_mib(pid), 1),
+        "redis_growth_mib": round(redis_used_mib(redis_url) - redis_before, 1),
+    }
+    if idle_s:
+        time.sleep(idle_s)
+        result["rss_idle_mib"] = round(rss_mib(pid), 1)
+    return result
 
 
 def main() -> None:
@@ -78,9 +141,12 @@ def main() -> None:
     parser.add_argument("--destinations", default="1,100,1000,10000", help="comma-separated twin counts")
     parser.add_argument("--no-links", dest="links", action="store_false", help="the twins take POSTs only")
     parser.add_argument("--idle", type=float, default=0.0, metavar="S", help="RSS again after S s idle")
+    parser.add_argument("--peer-bin", metavar="GO_RMB", help="also run go-rmb as the site, side by side")
     args = parser.parse_args()
     for destinations in (int(n) for n in args.destinations.split(",")):
         print(json.dumps(run(destinations, links=args.links, idle_s=args.idle)), flush=True)
+        if args.peer_bin:
+            print(json.dumps(run_go_rmb(args.peer_bin, destinations, idle_s=args.idle)), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ Served for each up twin ``N``:
     A request sent again (its answer was lost) is answered again: the site keeps the first reply.
 ``/t/N/zbus-batch``
     404, as go-rmb: a site then sends one POST per message (and counts a 404 to its probe as an answer).
+``/zbus-remote``, ``/zbus-reply`` at twin N's address alone (``http://127.1.X.Y:PORT``)
+    the same, for a site that reaches a twin at ``IP:PORT`` and cannot use a path (go-rmb): the twin is
+    the one whose address the connection came to.
 
 ``GET /stats`` gives the counts as JSON, ``GET /stats?per_twin=1`` each twin's too (see
 :meth:`Counts.as_json`); the totals go to stdout on SIGTERM. :class:`ManyTwinsProcess` runs it for tests.

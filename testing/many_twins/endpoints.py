@@ -107,6 +107,9 @@ class ManyTwins:
         )
         app.router.add_route("*", twin + "/zbus-link", self._link)
         app.router.add_get("/stats", self._stats)
+        # A site that cannot reach a path under an address (go-rmb) reaches the twin at its address alone.
+        for path in (REMOTE_PATH, REPLY_PATH):
+            app.router.add_route("*", path, functools.partial(self._signed_endpoint, path=path))
         return app
 
     def stats(self, *, per_twin: bool = False) -> dict[str, Any]:
@@ -202,8 +205,12 @@ class ManyTwins:
                 return
 
     def _twin_of(self, request: web.Request) -> int:
-        twin = int(request.match_info["twin"])
-        if twin not in self._signers:
+        if "twin" in request.match_info:
+            twin: int | None = int(request.match_info["twin"])
+        else:
+            sockname = request.transport.get_extra_info("sockname") if request.transport else None
+            twin = self.settings.twins.twin_at(sockname[0]) if sockname else None
+        if twin is None or twin not in self._signers:
             raise web.HTTPNotFound(
                 text=http_error_body(f"twin {twin} is not served here").decode(), content_type=JSON_TYPE
             )

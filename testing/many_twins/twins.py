@@ -50,6 +50,14 @@ class TwinRange:
         """``twin``'s loopback address."""
         return str(FIRST_HOST + (twin - self.first))
 
+    def twin_at(self, host: str) -> int | None:
+        """The twin whose loopback address is ``host``, if any."""
+        try:
+            twin = self.first + (int(ipaddress.IPv4Address(host)) - int(FIRST_HOST))
+        except ValueError:
+            return None
+        return twin if twin in self.ids else None
+
     @property
     def ids(self) -> range:
         return range(self.first, self.first + self.count)

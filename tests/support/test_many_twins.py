@@ -210,13 +210,17 @@ async def test_bad_requests_get_go_rmbs_answers_and_the_twins_keep_serving(
         for url, status in (
             (f"{harness.url}/t/1000/zbus-batch", 404),
             (f"{harness.url}/t/1002/zbus-remote", 404),
+            # The address of no twin.
+            (f"{harness.url}/zbus-remote", 404),
         ):
             async with http.post(url, data=request.encode()) as response:
                 assert response.status == status, url
-        for sent in (request, fake_site.request(1001, b"second")):
-            async with http.post(
-                f"{harness.url}/t/{sent.dst[0]}/zbus-remote", data=sent.encode()
-            ) as response:
+        for sent, url in (
+            (request, f"{harness.url}/t/1000/zbus-remote"),
+            # A site that reaches a twin at its address alone (go-rmb).
+            (fake_site.request(1001, b"second"), f"http://127.1.0.2:{harness.port}/zbus-remote"),
+        ):
+            async with http.post(url, data=sent.encode()) as response:
                 assert (response.status, await response.json()) == (200, {"status": "accepted"})
             assert_signed_reply(await fake_site.next_reply(), sent, sent.dst[0])
     stats = await stats_when(harness, lambda s: s["replies"]["post"] == 2)
