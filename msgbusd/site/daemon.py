@@ -41,6 +41,7 @@ from msgbusd.sending.send_items import SendItems
 from msgbusd.site.companions import Companion, SiteHandle
 from msgbusd.site.inflight import InFlight
 from msgbusd.site.instance import Instance
+from msgbusd.site.open_files import raise_open_files_limit
 from msgbusd.site.serving import QuietServer, bind_socket, serve_until, server
 from msgbusd.site.settings import Settings
 from msgbusd.site.status import STATUS_TIMEOUT_S, StatusEndpoint, StatusReport
@@ -558,6 +559,7 @@ async def serve(
 ) -> None:
     """Run a site, and the ``companions`` beside it, until stopped by a signal. Raises
     :class:`StartupError` for operator mistakes."""
+    raise_open_files_limit()
     sock = bind_socket(settings.listen_host, settings.listen_port, reuse_port=settings.reuse_port)
     metrics_sock = None
     try:
