@@ -92,10 +92,10 @@ class Handlers:
         them; returns each one's uids (one per destination), or None for one refused as invalid."""
         raws = [request.encode() for request in requests]
         await self._store.stage_local(raws)
-        accepted = await self._accept_local(raws)
+        accepted = await self._accept_local(raws, staged=True)
         return [accepted.get(index) for index in range(len(raws))]
 
-    async def _accept_local(self, raws: list[bytes]) -> dict[int, list[str]]:
+    async def _accept_local(self, raws: list[bytes], *, staged: bool = False) -> dict[int, list[str]]:
         valid: list[tuple[bytes, Envelope]] = []
         positions: list[int] = []
         for position, raw in enumerate(raws):
@@ -117,7 +117,7 @@ class Handlers:
         for raw, env in valid:
             # A local client cannot ask for the proxy flow; honouring it would loop the reply back here.
             original = env.replace(now=int(now), src=self._twin, pxy=False, sig="")
-            requests.append(AcceptedRequest(raw, original.encode(), now + env.lifetime_s, env.dst))
+            requests.append(AcceptedRequest(raw, original.encode(), now + env.lifetime_s, env.dst, staged))
             originals.append(original)
         accepted = await self._store.accept_requests(requests)
         ready: dict[int, list[SendItem] | None] = {}

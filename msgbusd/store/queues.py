@@ -39,18 +39,23 @@ return 1
 """
 
 # Gives the request a uid per destination ("<dst>.<n>", n from INCR of that destination's counter) and
-# returns them, and the length of each destination's send queue after it.
-# KEYS: processing, backlog, deadlines, destinations set, then (counter, send queue) per destination.
-# ARGV: raw item, original request, deadline, then the destinations.
+# returns them, and the length of each destination's send queue after it. A request staged by the daemon
+# itself (ARGV[4] = '1') may have been moved back to the queue meanwhile (the queue's taker starting again
+# takes its processing list back): it is taken from there.
+# KEYS: processing, backlog, deadlines, destinations set, the queue, then (counter, send queue) per
+# destination.
+# ARGV: raw item, original request, deadline, staged ('1' or '0'), then the destinations.
 _ACCEPT_REQUEST = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
+  if ARGV[4] ~= '1' or redis.call('LREM', KEYS[5], 1, ARGV[1]) == 0 then return 0 end
+end
 local uids, lengths = {}, {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local dst = ARGV[i]
-  local uid = dst .. '.' .. redis.call('INCR', KEYS[5 + (i - 4) * 2])
+  local uid = dst .. '.' .. redis.call('INCR', KEYS[6 + (i - 5) * 2])
   redis.call('HSET', KEYS[2], uid, ARGV[2])
   redis.call('ZADD', KEYS[3], ARGV[3], uid)
-  lengths[#lengths + 1] = redis.call('RPUSH', KEYS[6 + (i - 4) * 2], 'req:' .. uid)
+  lengths[#lengths + 1] = redis.call('RPUSH', KEYS[7 + (i - 5) * 2], 'req:' .. uid)
   redis.call('SADD', KEYS[4], dst)
   uids[#uids + 1] = uid
 end
@@ -165,6 +170,8 @@ class AcceptedRequest:
     original: bytes
     deadline: float
     destinations: Sequence[int]
+    # Made inside the daemon (:meth:`Store.stage_local`), not taken from the queue by its taker.
+    staged: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,10 +341,17 @@ class Store(SendQueues):
         queue lengths, in the order of its destinations, or None for one that had already been accepted."""
         batch = ScriptBatch(self.redis, self._replication)
         for request in requests:
-            script_keys = [self.processing(keys.LOCAL), keys.BACKLOG, keys.DEADLINES, keys.DESTINATIONS]
+            script_keys = [
+                self.processing(keys.LOCAL),
+                keys.BACKLOG,
+                keys.DEADLINES,
+                keys.DESTINATIONS,
+                keys.LOCAL,
+            ]
             for dst in request.destinations:
                 script_keys += [keys.uid_counter(dst), keys.send_queue(dst)]
-            args: list[Any] = [request.raw, request.original, request.deadline, *request.destinations]
+            staged = "1" if request.staged else "0"
+            args: list[Any] = [request.raw, request.original, request.deadline, staged, *request.destinations]
             batch.script(self._accept_request, script_keys, args)
         return [_queued(found) for found in await batch.run()]
 

@@ -207,6 +207,27 @@ async def test_failures_are_counted_only_for_requests_without_an_outcome(async_r
     assert await async_redis.hgetall(keys.ATTEMPTS) == {b"2.1": b"2"}
 
 
+async def test_a_staged_request_moved_back_to_the_queue_is_accepted_from_there(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    await store.stage_local([b"made inside"])
+    # The queue's taker started again meanwhile and took its processing list back.
+    await ReliableList(async_redis, keys.LOCAL, keys.processing(keys.LOCAL), oldest="LEFT").take_back()
+    assert await async_redis.lrange(keys.LOCAL, 0, -1) == [b"made inside"]
+    taken_back = AcceptedRequest(b"made inside", b"original", 123.0, [2], staged=True)
+    assert await store.accept_requests([taken_back]) == [Queued(["2.1"], [1])]
+    assert await async_redis.llen(keys.LOCAL) == 0
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:2.1"]
+    # Once accepted, it is not accepted again; and an item taken from the queue is only looked for where
+    # its taker put it.
+    assert await store.accept_requests([taken_back]) == [None]
+    await async_redis.rpush(keys.LOCAL, b"pushed by a client")
+    pushed = AcceptedRequest(b"pushed by a client", b"original", 123.0, [2])
+    assert await store.accept_requests([pushed]) == [None]
+    assert await async_redis.lrange(keys.LOCAL, 0, -1) == [b"pushed by a client"]
+
+
 async def test_requests_past_their_deadline_are_counted_until_they_have_an_outcome(
     async_redis: aioredis.Redis,
 ) -> None:
