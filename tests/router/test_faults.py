@@ -322,8 +322,10 @@ def test_3_servicebus_call_runs_once_when_answers_are_lost() -> None:
     service.answer = lambda recorded: b"done: " + recorded.body
     # Rules are learnt once at the start: no refresh traffic crosses the proxy while answers are dropped.
     # Pings are rare: a ping or pong lost to the proxy would close the cloud's link before the first call.
+    # The cloud links to the edge at its first message (by default a single message goes in a POST).
     sites_args = RouterSites(
-        extra_args=(*RouterSites.extra_args, "--link-ping", "60"), edge_args=("--router-refresh", "60")
+        extra_args=(*RouterSites.extra_args, "--link-ping", "60", "--link-after", "1"),
+        edge_args=("--router-refresh", "60"),
     )
     with router_sites(sites_args, launch=False) as sites:
         edge = sites.edge()
@@ -333,11 +335,13 @@ def test_3_servicebus_call_runs_once_when_answers_are_lost() -> None:
         proxy = TcpProxy(("127.0.0.1", edge.port), avoid=reserved)
         try:
             edge.advertised_address = f"127.0.0.1:{proxy.port}"
-            sites.cluster.launch()
+            # In the cloud's Redis before the edge starts: the edge's first ask gets them.
             sites.apply(
                 endpoints_yaml(service.port)
                 + rule_yaml("f3-call", "rest", "{path: /f3}", "servicebus", "{path: /run}")
             )
+            sites.cluster.launch()
+            sites.wait_learned(1)
             url = sites.rest_url(sites.node(), "/f3")
 
             # A first call opens the cloud's link to the edge (a link cannot open while every answer is lost).
