@@ -165,7 +165,7 @@ class Door:
         accepted: list[tuple[str, Envelope]] = []
         for index, message in enumerate(messages):
             try:
-                path, env = _batch_item(message)
+                path, env = batch_item(message)
                 if peer is not None and env.src != peer:
                     message = f"this link carries twin {peer}'s messages only"
                     raise self._rejected("invalid", 400, message, env)
@@ -347,7 +347,9 @@ async def answer_link_frame(door: Door, peer: int, messages: list[object]) -> li
         return [{"status": 503, "message": message, "retry_after": REDIS_RETRY_AFTER_S} for _ in messages]
 
 
-def _batch_item(message: object) -> tuple[str, Envelope]:
+def batch_item(message: object) -> tuple[str, Envelope]:
+    """One message of a batch or a link frame (``{"path", "envelope"}``): its path and envelope; go-rmb's
+    400 for anything else."""
     if not isinstance(message, dict) or message.get("path") not in (REMOTE_PATH, REPLY_PATH):
         raise RejectedRequest(400, "couldn't parse json")
     try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from msgbusd.door.http_api import batch_item
 from msgbusd.door.validation import validate
 from msgbusd.errors import DeliveryError, InvalidMessage, RejectedRequest
 from msgbusd.identity.signing import SignatureError, Signer, verify, verify_digest
@@ -27,7 +28,7 @@ from msgbusd.sending.link_sockets import REFUSED, LinkClosed
 from msgbusd.sending.links import Link, handshake_digest, send_envelopes
 from msgbusd.sending.posts import REMOTE_PATH, REPLY_PATH, PostClient
 from testing.many_twins.counts import Counts
-from testing.many_twins.link import LinkSocket, link_message
+from testing.many_twins.link import LinkSocket
 from testing.many_twins.twins import TwinRange
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
 from wire.envelope import (
@@ -320,7 +321,7 @@ class TwinLink:
         results: list[dict[str, Any]] = []
         for message in messages:
             try:
-                path, env = link_message(message)
+                path, env = batch_item(message)
                 if env.src != site:
                     raise RejectedRequest(400, f"this link carries twin {site}'s messages only")
                 await self._harness.check(env)

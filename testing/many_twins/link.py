@@ -1,6 +1,7 @@
 """This end of a link a site opened to a twin, on the wire: the aiohttp server WebSocket as
-:class:`~msgbusd.sending.links.Link` drives it, and the messages of the ``send`` frames that come on it.
-What a twin does with a link is :class:`~testing.many_twins.endpoints.TwinLink`."""
+:class:`~msgbusd.sending.links.Link` drives it. The messages of its ``send`` frames are read as a site's door
+reads them (:func:`msgbusd.door.http_api.batch_item`); what a twin does with a link is
+:class:`~testing.many_twins.endpoints.TwinLink`."""
 
 from __future__ import annotations
 
@@ -8,10 +9,7 @@ import contextlib
 
 from aiohttp import WSMsgType, web
 
-from msgbusd.errors import RejectedRequest
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, LinkClosed
-from msgbusd.sending.posts import REMOTE_PATH, REPLY_PATH
-from wire.envelope import Envelope, EnvelopeDecodeError
 
 
 class LinkSocket:
@@ -52,12 +50,3 @@ class LinkSocket:
 
     def retired(self) -> bool:
         return self._ws.close_code == RETIRED
-
-
-def link_message(message: object) -> tuple[str, Envelope]:
-    if not isinstance(message, dict) or message.get("path") not in (REMOTE_PATH, REPLY_PATH):
-        raise RejectedRequest(400, "couldn't parse json")
-    try:
-        return str(message["path"]), Envelope.from_wire(message.get("envelope"))
-    except EnvelopeDecodeError as exc:
-        raise RejectedRequest(400, "couldn't parse json") from exc
