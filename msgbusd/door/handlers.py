@@ -33,9 +33,10 @@ from wire.envelope import Envelope, EnvelopeDecodeError
 
 log = logging.getLogger("msgbusd.handlers")
 
-# Requests accepted by this run, remembered so that their replies are handed over without reading the
-# backlog back (the hand-over script still checks the entry); older ones are read from Redis.
-REMEMBERED_REQUESTS = 100_000
+# The latest requests accepted by this run, remembered so that their replies are handed over without reading
+# the backlog back (the hand-over script still checks the entry); older ones are read from Redis. Enough for
+# the replies in flight at full speed, and a bound on memory (about 330 bytes each) whatever waits in Redis.
+REMEMBERED_REQUESTS = 10_000
 
 
 class Handlers:

@@ -5,11 +5,14 @@ peer down; a site that answers with another error is up. While a peer is down no
 cheap probe; the first probe or send that gets an answer marks it up again, and everything waiting for it
 flows at once.
 
-A peer found down is probed at once, then every ``probe_s``, then every ``2 * probe_s`` (plus some jitter).
+A peer found down is probed at once, then every ``probe_s``, then every ``2 * probe_s`` (plus some jitter),
+and never more often than the site's :class:`ProbePace` allows all its peers together: with many peers down,
+each is probed less often, and probing costs a bounded share of a core.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,11 +51,29 @@ def probe_backoff(probe_s: float) -> Backoff:
     return Backoff(probe_s, 2 * probe_s)
 
 
+class ProbePace:
+    """The probes of all the peers that stay down, at most ``per_s`` a second: each asks for a time, and
+    gets the first free one from then on (0: no bound)."""
+
+    def __init__(self, per_s: float) -> None:
+        self._gap_s = 1.0 / per_s if per_s > 0 else 0.0
+        self._next = -math.inf
+
+    def slot(self, wanted: float) -> float:
+        """The time of a probe wanted at ``wanted`` (or later), reserved."""
+        at = max(wanted, self._next)
+        self._next = at + self._gap_s
+        return at
+
+
 class PeerHealth:
     """One peer's state: up, or down since when and why, and when to probe it next."""
 
-    def __init__(self, probes: Backoff, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, probes: Backoff, *, pace: ProbePace | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._probes = probes
+        self._pace = pace or ProbePace(0)
         self._clock = clock
         self._down: _Down | None = None
 
@@ -87,7 +108,7 @@ class PeerHealth:
         """Record that the site did not answer (a send or a probe); True if it was up until now.
 
         The first probe goes out at once: a connection cut by something in between, or an answer lost, is
-        over by then, and a site that is really down refuses it at no cost."""
+        over by then, and a site that is really down refuses it at no cost. The next ones are paced."""
         now = self._clock()
         peer = self._down
         if peer is None:
@@ -98,7 +119,7 @@ class PeerHealth:
             peer.seen, peer.since = True, now
         peer.cause = cause
         peer.probes += 1
-        peer.next_probe = now + self._probes.delay_s(peer.probes)
+        peer.next_probe = self._pace.slot(now + self._probes.delay_s(peer.probes))
         return newly
 
     def unknown(self) -> None:

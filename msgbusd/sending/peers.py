@@ -18,8 +18,10 @@
    gives up those whose tries or lifetime run out). The first probe that gets an answer lets the whole
    queue flow again at batch speed.
 
-At most ``workers`` peers send at once, and at most ``workers`` probe at once; the others wait for a turn.
-A peer's sender stops when its queue is empty and starts again when kicked.
+At most ``workers`` peers that answer have a sender at once (a peer that is down needs none of these: its
+sender mostly waits for its next probe); a peer with work but no free sender waits in line as its twin id
+alone, and idle senders stop to make room for it. At most ``workers`` send and ``workers`` probe at once. A
+peer's sender stops when its queue has been empty a while, and starts again when kicked.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence, Set
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +44,7 @@ from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import Metrics
 from msgbusd.reports.peer_activity import PeerActivityLog
-from msgbusd.sending.health import HealthState, PeerHealth, probe_backoff
+from msgbusd.sending.health import HealthState, PeerHealth, ProbePace, probe_backoff
 from msgbusd.sending.links import Links, send_envelopes
 from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
@@ -71,7 +73,7 @@ UP = HealthState("up")
 SpawnTask = Callable[[Coroutine[Any, Any, None], str], None]
 
 
-@dataclass
+@dataclass(eq=False)
 class Lane:
     """A running sender's view of its queue.
 
@@ -92,6 +94,10 @@ class Lane:
     noted: int = 0
     # The peer asked us to wait (503 with Retry-After) until this time (monotonic).
     paused_until: float = 0.0
+    # While the peer is down: how long until the first waiting message gives up (as last read).
+    give_up_in_s: float = math.inf
+    # Idle, and asked to stop: another twin waits for the sender's place.
+    give_way: bool = False
     # The entries of the last batch sent from Redis: the word that one of them was queued may come after.
     sent_from_queue: set[str] = field(default_factory=set)
 
@@ -124,7 +130,7 @@ class Peer:
 
     def __init__(self, twin: int, peers: Peers) -> None:
         self.twin = twin
-        self.health = PeerHealth(peers.probes)
+        self.health = PeerHealth(peers.probes, pace=peers.probe_pace)
         # The running sender's lane; None while no sender runs.
         self.lane: Lane | None = None
         self._peers = peers
@@ -132,6 +138,8 @@ class Peer:
         self._store = peers.store
         # When something was last sent to the twin (monotonic).
         self._sent_at = -math.inf
+        # The running sender holds one of the site's sender places for peers that answer.
+        self.has_place = False
 
     # --- the sender --------------------------------------------------------------------------------------
 
@@ -194,15 +202,20 @@ class Peer:
 
     async def _idle(self, lane: Lane) -> bool:
         """Wait for more to send; False once the lane has been idle long enough, or the daemon stops."""
-        stopping = self._peers.stopping
-        woken = asyncio.ensure_future(lane.wake.wait())
-        stopped = asyncio.ensure_future(stopping.wait())
+        peers = self._peers
+        if peers.place_wanted:
+            return False
+        # Woken by work, by a twin that wants the place, or by the daemon stopping (Peers sets the wake).
         try:
-            await asyncio.wait([woken, stopped], timeout=IDLE_STOP_S, return_when=asyncio.FIRST_COMPLETED)
+            with peers.idling(lane), contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(IDLE_STOP_S):
+                    await lane.wake.wait()
+            if peers.stopping.is_set():
+                return False
+            has_work = bool(lane.fresh) or not lane.trusted
+            return has_work or (lane.wake.is_set() and not lane.give_way)
         finally:
-            woken.cancel()
-            stopped.cancel()
-        return not stopping.is_set() and (lane.wake.is_set() or bool(lane.fresh))
+            lane.give_way = False
 
     async def _send_fresh(self, lane: Lane) -> None:
         """Send what was just queued straight from memory; the Redis queue is popped, not read."""
@@ -311,12 +324,16 @@ class Peer:
     # --- a peer that is down -----------------------------------------------------------------------------
 
     async def _while_down(self, lane: Lane) -> bool:
-        """Wait for the next probe and make it; while the peer stays down, give up what waited long enough.
-        False once nothing is left waiting for the peer."""
+        """Wait for the next probe and make it; while the peer stays down, give up what waited long enough
+        (when its time comes, not at the next probe: with many peers down, probes are far apart). False
+        once nothing is left waiting for the peer."""
         lane.distrust()
-        await self._pause(self.health.seconds_until_probe())
+        await self._pause(min(self.health.seconds_until_probe(), lane.give_up_in_s))
         if self._peers.stopping.is_set():
             return False
+        if self.health.seconds_until_probe() > 0:
+            async with self._peers.turns:
+                return await self._give_up_due(lane)
         # Probes have turns of their own: a probe of a site that swallows packets waits out its timeout, and
         # peers that are down must not hold back the sends to the others.
         async with self._peers.probe_turns:
@@ -333,11 +350,17 @@ class Peer:
                 await self._back(lane)
                 return True
             self._went_down(error)
-            schedule = self._schedule
-            lane.noted = await schedule.note(self.twin, lane.noted)
-            await schedule.give_up_due(self.twin, f"twin {self.twin} is unreachable ({self.health.cause})")
-            lane.noted = max(0, lane.noted - await schedule.trim(self.twin, BATCH))
-            return await self._store.send_queue_length(self.twin) > 0
+            lane.noted = await self._schedule.note(self.twin, lane.noted)
+            return await self._give_up_due(lane)
+
+    async def _give_up_due(self, lane: Lane) -> bool:
+        """Give up (a bounded number of) the waiting messages whose time has come, and drop the finished ones
+        at the head of the queue; False once nothing is left waiting."""
+        schedule = self._schedule
+        await schedule.give_up_due(self.twin, f"twin {self.twin} is unreachable ({self.health.cause})")
+        lane.noted = max(0, lane.noted - await schedule.trim(self.twin, BATCH))
+        lane.give_up_in_s = await schedule.seconds_until_give_up(self.twin)
+        return await self._store.send_queue_length(self.twin) > 0
 
     async def _back(self, lane: Lane) -> None:
         down_s = self.health.answered()
@@ -353,6 +376,7 @@ class Peer:
             )
 
     def _went_down(self, error: DeliveryError) -> None:
+        self._peers.leave_place(self)
         if self.health.unreachable(error.cause):
             log.warning(
                 "holding messages to twin %s while it is unreachable: %s; probing it every second or two",
@@ -382,6 +406,7 @@ class Peers:
         links: Links | None = None,
         leases: Leases | None = None,
         probe_s: float = 1.0,
+        probe_rate: float = 0.0,
         workers: int = 1000,
         link_after: int = 2,
         clock: Callable[[], float] = time.time,
@@ -397,10 +422,17 @@ class Peers:
         self.leases = leases
         self.stopping = stopping
         self.probes = probe_backoff(probe_s)
+        self.probe_pace = ProbePace(probe_rate)
         # A link to a twin is opened once this many messages go to it at once (or it is busy).
         self.link_after = link_after
         self.turns = asyncio.Semaphore(workers)
         self.probe_turns = asyncio.Semaphore(workers)
+        # Senders of peers that answer: places free, the twins waiting for one (in order; their work is in
+        # Redis), and the word to idle senders that one is wanted.
+        self._free_places = workers
+        self._waiting: dict[int, None] = {}
+        self._idle_lanes: set[Lane] = set()
+        self._stop_watched = False
         self.clock = clock
         self.metrics = metrics or Metrics()
         self._events = events or EventLog(None, 0)
@@ -443,12 +475,16 @@ class Peers:
             self.leases.want(str(dst), self.items.pack(items) if items else None)
             return
         peer = self._peers.get(dst)
-        if peer is None:
-            peer = self._peers[dst] = Peer(dst, self)
-        lane = peer.lane
+        lane = peer.lane if peer is not None else None
         if lane is None:
             if self.stopping.is_set():
                 return
+            needs_place = peer is None or not peer.health.is_down
+            if needs_place and not self._take_place(dst):
+                return
+            if peer is None:
+                peer = self._peers[dst] = Peer(dst, self)
+            peer.has_place = needs_place
             lane = peer.lane = Lane(trusted=alone and bool(items))
             self._spawn(peer.run(lane), f"sender to twin {dst}")
         if items is None:
@@ -489,6 +525,69 @@ class Peers:
             gone = not peer.health.is_down or not self.holds(peer.twin)
             if gone and self._peers.get(peer.twin) is peer:
                 del self._peers[peer.twin]
+            self.leave_place(peer)
+
+    def _take_place(self, dst: int) -> bool:
+        """A sender place for ``dst``, or False: it waits in line, and idle senders are asked to stop."""
+        if self._free_places > 0 and not self._waiting:
+            self._free_places -= 1
+            return True
+        self._waiting[dst] = None
+        for lane in self._idle_lanes:
+            lane.give_way = True
+            lane.wake.set()
+        return False
+
+    @property
+    def place_wanted(self) -> bool:
+        """A twin waits for a sender's place."""
+        return bool(self._waiting)
+
+    @contextlib.contextmanager
+    def idling(self, lane: Lane) -> Iterator[None]:
+        """While ``lane``'s sender idles: woken when a twin wants its place or the daemon stops."""
+        if not self._stop_watched:
+            self._stop_watched = True
+            self._spawn(self._wake_idle_at_stop(), "idle senders' wake at stop")
+        self._idle_lanes.add(lane)
+        try:
+            yield
+        finally:
+            self._idle_lanes.discard(lane)
+
+    async def _wake_idle_at_stop(self) -> None:
+        await self.stopping.wait()
+        for lane in self._idle_lanes:
+            lane.wake.set()
+
+    def leave_place(self, peer: Peer) -> None:
+        """``peer``'s sender gives its place back (it stopped, or the peer is down); the next twin in line
+        gets it."""
+        if not peer.has_place:
+            return
+        peer.has_place = False
+        self._free_places += 1
+        while self._free_places > 0 and self._waiting and not self.stopping.is_set():
+            dst = next(iter(self._waiting))
+            del self._waiting[dst]
+            self._free_places -= 1
+            self._start_waiting(dst)
+
+    def _start_waiting(self, dst: int) -> None:
+        """Start the sender of ``dst``, which waited for a place (it reads its work from Redis)."""
+        peer = self._peers.get(dst)
+        if peer is not None and peer.lane is not None:
+            # It got a sender meanwhile (it went down and was kicked): the place goes back.
+            self._free_places += 1
+            peer.lane.distrust()
+            peer.lane.missed = True
+            peer.lane.wake.set()
+            return
+        if peer is None:
+            peer = self._peers[dst] = Peer(dst, self)
+        peer.has_place = True
+        lane = peer.lane = Lane()
+        self._spawn(peer.run(lane), f"sender to twin {dst}")
 
     def sign(self, item: SendItem) -> bytes:
         """``item``'s envelope as it goes on the wire now: stamped with the time, signed, encoded."""

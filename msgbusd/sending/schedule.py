@@ -16,6 +16,7 @@ expires. Everything here is in Redis, so a restart loses none of it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -192,6 +193,11 @@ class Schedule:
             entries = await self._store.send_queue_range(dst, cursor, READ_CHUNK)
             if not entries:
                 break
+            cursor += len(entries)
+            noted += len(entries)
+            if self.hold_offline:
+                # Requests wait until they expire: only replies have a time to give up.
+                entries = [entry for entry in entries if not entry.startswith(keys.REQUEST_PREFIX)]
             now = self._clock()
             times = {}
             never_sent = []
@@ -204,8 +210,6 @@ class Schedule:
             # The failed probe was their first attempt (the rules router withdraws only such messages).
             await self._store.record_failures(never_sent, only_first=True)
             await self._store.add_give_ups(dst, times)
-            cursor += len(entries)
-            noted += len(entries)
         return cursor
 
     async def give_up_due(self, dst: int, cause: str) -> int:
@@ -218,6 +222,11 @@ class Schedule:
             await self.give_up(item, cause)
         await self._store.drop_give_ups(dst, entries)
         return len(entries)
+
+    async def seconds_until_give_up(self, dst: int) -> float:
+        """How long until the first of ``dst``'s waiting messages gives up (inf: none has a time)."""
+        at = await self._store.first_give_up(dst)
+        return math.inf if at is None else max(0.0, at - self._clock())
 
     async def trim(self, dst: int, batch: int) -> int:
         """Pop the entries at the head of ``dst``'s queue that have their outcome already (given up,

@@ -146,6 +146,14 @@ def site_settings(
             min=0.01, help="Seconds between probes of a twin that does not answer (up to twice that)."
         ),
     ] = 1.0,
+    probe_rate: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Probes of all the twins that do not answer, at most this many a second (0: no bound); "
+            "with many down, each is probed less often.",
+        ),
+    ] = 50.0,
     log_level: Annotated[str, typer.Option(help="debug|info|warn|error|fatal|panic.")] = "info",
     send_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a POST to a peer may take.")] = 10.0,
     retry_delay: Annotated[
@@ -288,6 +296,7 @@ def site_settings(
         workers=workers,
         redis_connections=redis_connections,
         probe_interval_s=probe_interval,
+        probe_rate=probe_rate,
         log_level=log_level,
         send_timeout_s=send_timeout,
         retry_delay_s=retry_delay,

@@ -459,6 +459,7 @@ async def open_site(
         links=links,
         leases=leases,
         probe_s=settings.probe_interval_s,
+        probe_rate=settings.probe_rate,
         workers=settings.workers,
         link_after=settings.link_after,
         clock=clock,

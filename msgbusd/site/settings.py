@@ -40,6 +40,9 @@ class Settings:
     door_redis_wait_s: float = 2.0
     # While a twin does not answer, it is probed every probe_interval_s at first, then every twice that.
     probe_interval_s: float = 1.0
+    # Probes of all the twins that do not answer, at most this many a second (0: no bound): with many down,
+    # each is probed less often.
+    probe_rate: float = 50.0
     log_level: str = "info"
 
     # Time a POST to a peer may take (go-rmb: 10 s).

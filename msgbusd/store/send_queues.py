@@ -103,6 +103,11 @@ class SendQueues:
         if times:
             await self.redis.zadd(keys.give_up(dst), times, nx=True)
 
+    async def first_give_up(self, dst: int) -> float | None:
+        """When the first of ``dst``'s waiting messages gives up, if any has a time."""
+        first = await self.redis.zrange(keys.give_up(dst), 0, 0, withscores=True)
+        return float(first[0][1]) if first else None
+
     async def due_give_ups(self, dst: int, now: float, limit: int) -> list[str]:
         found = await self.redis.zrangebyscore(keys.give_up(dst), "-inf", now, start=0, num=limit)
         return [as_text(m) for m in found]
@@ -113,7 +118,8 @@ class SendQueues:
 
     async def forget_give_ups(self, dst: int) -> None:
         """``dst`` answers again: nothing waiting for it gives up any more."""
-        await self.redis.delete(keys.give_up(dst))
+        # A peer back after a long absence may have a million of them: freed off the main thread.
+        await self.redis.unlink(keys.give_up(dst))
 
     async def sent(
         self,

@@ -27,12 +27,30 @@ class Counts:
     links_refused: int = 0
     received: Counter[int] = field(default_factory=Counter)
     answered: Counter[int] = field(default_factory=Counter)
+    # Requests whose uid number (``<dst>.<n>``) was not above the last one a site sent the same twin: sent
+    # out of order, or again.
+    out_of_order: int = 0
+    _last_number: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def took(self, twin: int, source: int, uid: str, way: str) -> None:
+        """Count a request ``source`` sent ``twin``."""
+        self.requests[way] += 1
+        self.received[twin] += 1
+        head, _, tail = uid.partition(".")
+        if head != str(twin) or not tail.isdigit():
+            return
+        number, last = int(tail), self._last_number.get((source, twin), 0)
+        if number <= last:
+            self.out_of_order += 1
+        else:
+            self._last_number[source, twin] = number
 
     def as_json(self, twins: TwinRange, links_open: int, *, per_twin: bool = False) -> dict[str, Any]:
         """``requests`` taken and ``replies`` the sites took, each by way (``post``, ``link``);
         ``replies_failed``, ``refused`` (requests and replies that failed go-rmb's checks),
-        ``replies_received`` (replies sent to these twins), ``links`` open, opened and refused; with
-        ``per_twin``, each twin's requests ``received`` and replies ``answered``, by twin id."""
+        ``replies_received`` (replies sent to these twins), ``out_of_order`` (requests sent out of order or
+        again), ``links`` open, opened and refused; with ``per_twin``, each twin's requests ``received`` and
+        replies ``answered``, by twin id."""
         totals = {
             "twins": twins.count,
             "down": len(twins.down),
@@ -41,6 +59,7 @@ class Counts:
             "replies_failed": self.replies_failed,
             "refused": self.refused,
             "replies_received": self.replies_received,
+            "out_of_order": self.out_of_order,
             "links": {"open": links_open, "opened": self.links_opened, "refused": self.links_refused},
         }
         if not per_twin:

@@ -141,8 +141,7 @@ class ManyTwins:
         if path != REMOTE_PATH:
             self.counts.replies_received += 1
             return None
-        self.counts.requests[way] += 1
-        self.counts.received[twin] += 1
+        self.counts.took(twin, env.src, env.uid, way)
         return PendingReply(twin, self._reply_to(twin, env))
 
     def _reply_to(self, twin: int, request: Envelope) -> Envelope:

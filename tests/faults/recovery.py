@@ -27,9 +27,7 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import RedisError
 
 from testing.local_sites import READY_LINE, LocalCluster, SiteProcess, wait_until
@@ -306,20 +304,6 @@ class Supervisor:
         for site in self.sites:
             ready = partial(daemon_ready, site, self._offsets.get(site.twin, 0))
             wait_until(ready, timeout_s, f"msgbusd twin {site.twin} to be ready")
-
-
-# --- a daemon's metrics ------------------------------------------------------------------------------
-
-
-def metric(site: SiteProcess, name: str, **labels: str) -> float | None:
-    """One sample of ``site``'s ``/metrics`` (served to the machine itself), or None if it is not there."""
-    response = httpx.get(f"{site.url}/metrics", timeout=10.0, trust_env=False)
-    response.raise_for_status()
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return None
 
 
 def log_lines(site: SiteProcess, *needles: str) -> list[str]:

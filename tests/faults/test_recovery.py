@@ -15,6 +15,7 @@ import time
 import pytest
 
 from testing.local_sites import wait_until
+from testing.site_metrics import metric
 from tests.faults.harness import Report
 from tests.faults.recovery import (
     RECEIVER,
@@ -25,7 +26,6 @@ from tests.faults.recovery import (
     broken_promises,
     kill_schedule,
     log_lines,
-    metric,
     record,
 )
 

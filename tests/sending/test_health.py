@@ -3,7 +3,9 @@ at the first answer."""
 
 from __future__ import annotations
 
-from msgbusd.sending.health import PeerHealth, probe_backoff
+import itertools
+
+from msgbusd.sending.health import PeerHealth, ProbePace, probe_backoff
 
 
 class Clock:
@@ -54,3 +56,34 @@ def test_a_busy_peer_is_probed_again_after_its_retry_after() -> None:
     health.unreachable("503")
     health.busy(7.0)
     assert health.seconds_until_probe() == 7.0
+
+
+def test_the_probes_of_many_peers_down_are_spread_to_the_sites_rate() -> None:
+    clock = Clock()
+    pace = ProbePace(50.0)
+    peers = [PeerHealth(probe_backoff(1.0), pace=pace, clock=clock) for _ in range(200)]
+    for health in peers:
+        health.unreachable("connection refused")
+    # Each first probe goes out at once, whatever the rate: a cut connection is seen back without delay.
+    assert {health.seconds_until_probe() for health in peers} == {0.0}
+    for health in peers:
+        health.unreachable("connection refused")
+    waits = sorted(health.seconds_until_probe() for health in peers)
+    # The next ones: no two within 1/50 s, none before its own second, and all 200 within about 4 s.
+    assert all(later - earlier >= 0.02 - 1e-9 for earlier, later in itertools.pairwise(waits))
+    assert waits[0] >= 1.0
+    assert 3.98 - 1e-6 <= waits[-1] - waits[0] <= 4.0 + 0.2
+
+
+def test_few_peers_down_are_probed_on_their_own_schedule() -> None:
+    clock = Clock()
+    pace = ProbePace(50.0)
+    peers = [PeerHealth(probe_backoff(1.0), pace=pace, clock=clock) for _ in range(3)]
+    for health in peers:
+        health.unreachable("connection refused")
+    for low, high in [(1.0, 1.2), (2.0, 2.4), (2.0, 2.4)]:
+        for health in peers:
+            health.unreachable("connection refused")
+        # Their own backoff, moved by a few slots of 1/50 s at most.
+        assert all(low <= health.seconds_until_probe() <= high + 3 * 0.02 for health in peers)
+        clock.now += 3.0

@@ -1,0 +1,19 @@
+"""A daemon's metrics as a test or a benchmark reads them: one sample of its ``/metrics``."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from testing.local_sites import SiteProcess
+
+
+def metric(site: SiteProcess, name: str, **labels: str) -> float | None:
+    """One sample of ``site``'s ``/metrics`` (served to the machine itself), or None if it is not there."""
+    response = httpx.get(f"{site.url}/metrics", timeout=10.0, trust_env=False)
+    response.raise_for_status()
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
