@@ -7,6 +7,8 @@ read over a window while callers keep round trips going to the twins that answer
 count.
 
     python -m bench.probing [--down 0,200,2000] [--up 100] [--probe-rate 50] [--window 20]
+
+With ``--up 0`` nothing else is sent: the daemon's CPU is the probes' alone (``daemon_cpu_ms_per_probe``).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def measure(down: int, up: int, probe_rate: float, window_s: float) -> dict[str,
         stop, times = threading.Event(), list[float]()
         callers = [
             threading.Thread(target=round_trips, args=(cluster.redis[0].url, harness.up_ids, stop, times))
-            for _ in range(CALLERS)
+            for _ in range(CALLERS if up else 0)
         ]
         for caller in callers:
             caller.start()
@@ -81,8 +83,8 @@ def measure(down: int, up: int, probe_rate: float, window_s: float) -> dict[str,
             "probes_per_s": round(made / elapsed, 1),
             "daemon_cpu_share": round(cpu / elapsed, 3),
             "rpc_per_s": round(len(window) / elapsed, 1),
-            "p50_ms": round(statistics.median(window), 2),
-            "daemon_cpu_ms_per_rpc": round(cpu * 1000 / max(len(window), 1), 3),
+            "p50_ms": round(statistics.median(window), 2) if window else None,
+            "daemon_cpu_ms_per_probe": round(cpu * 1000 / made, 3) if made and not window else None,
         }
     finally:
         harness.stop()

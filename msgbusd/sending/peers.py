@@ -61,6 +61,9 @@ log = logging.getLogger("msgbusd.peers")
 BATCH = 64
 # A sender with nothing to send stops after this long (a new one starts when something comes).
 IDLE_STOP_S = 30.0
+# While a peer is down, the finished entries (given up, expired) at the head of its queue are dropped this
+# often, and after each give-up.
+TRIM_EVERY_S = 60.0
 # What a sender that is not in step with its queue keeps of the work queued meanwhile, to catch up.
 KEPT_WHILE_UNTRUSTED = 4 * BATCH
 # A twin sent several messages at once (Peers.link_after), or one again within this long, is worth a link
@@ -94,8 +97,10 @@ class Lane:
     noted: int = 0
     # The peer asked us to wait (503 with Retry-After) until this time (monotonic).
     paused_until: float = 0.0
-    # While the peer is down: how long until the first waiting message gives up (as last read).
-    give_up_in_s: float = math.inf
+    # While the peer is down: when the first waiting message gives up (None: not read yet), and when the
+    # finished entries at the head of the queue were last dropped.
+    give_up_at: float | None = None
+    trimmed_at: float = -math.inf
     # Idle, and asked to stop: another twin waits for the sender's place.
     give_way: bool = False
     # The entries of the last batch sent from Redis: the word that one of them was queued may come after.
@@ -328,12 +333,17 @@ class Peer:
         (when its time comes, not at the next probe: with many peers down, probes are far apart). False
         once nothing is left waiting for the peer."""
         lane.distrust()
-        await self._pause(min(self.health.seconds_until_probe(), lane.give_up_in_s))
+        if lane.give_up_at is None:
+            async with self._peers.turns:
+                if not await self._settle(lane, probed=False):
+                    return False
+        assert lane.give_up_at is not None
+        await self._pause(min(self.health.seconds_until_probe(), lane.give_up_at - self._peers.clock()))
         if self._peers.stopping.is_set():
             return False
         if self.health.seconds_until_probe() > 0:
             async with self._peers.turns:
-                return await self._give_up_due(lane)
+                return await self._settle(lane, probed=False)
         # Probes have turns of their own: a probe of a site that swallows packets waits out its timeout, and
         # peers that are down must not hold back the sends to the others.
         async with self._peers.probe_turns:
@@ -350,22 +360,33 @@ class Peer:
                 await self._back(lane)
                 return True
             self._went_down(error)
-            lane.noted = await self._schedule.note(self.twin, lane.noted)
-            return await self._give_up_due(lane)
+            return await self._settle(lane, probed=True)
 
-    async def _give_up_due(self, lane: Lane) -> bool:
-        """Give up (a bounded number of) the waiting messages whose time has come, and drop the finished ones
-        at the head of the queue; False once nothing is left waiting."""
-        schedule = self._schedule
-        await schedule.give_up_due(self.twin, f"twin {self.twin} is unreachable ({self.health.cause})")
-        lane.noted = max(0, lane.noted - await schedule.trim(self.twin, BATCH))
-        lane.give_up_in_s = await schedule.seconds_until_give_up(self.twin)
-        return await self._store.send_queue_length(self.twin) > 0
+    async def _settle(self, lane: Lane, *, probed: bool) -> bool:
+        """The bookkeeping of a peer that stays down, in as few round trips as what changed needs: after a
+        failed probe, write the give-up times of what was queued since the last one; give up (a bounded
+        number of) the messages whose time has come; drop the finished ones at the head of the queue now and
+        then. False once nothing is left waiting."""
+        schedule, twin = self._schedule, self.twin
+        waiting = await self._store.send_queue_length(twin)
+        if probed and lane.noted < waiting:
+            lane.noted, first = await schedule.note(twin, lane.noted)
+            if lane.give_up_at is not None:
+                lane.give_up_at = min(lane.give_up_at, first)
+        now = self._peers.clock()
+        gave_up = 0
+        if lane.give_up_at is None or lane.give_up_at <= now:
+            gave_up = await schedule.give_up_due(twin, f"twin {twin} is unreachable ({self.health.cause})")
+            lane.give_up_at = await schedule.next_give_up_at(twin)
+        if gave_up or now - lane.trimmed_at >= TRIM_EVERY_S:
+            trimmed = await schedule.trim(twin, BATCH)
+            lane.noted, waiting, lane.trimmed_at = max(0, lane.noted - trimmed), waiting - trimmed, now
+        return waiting > 0
 
     async def _back(self, lane: Lane) -> None:
         down_s = self.health.answered()
         await self._schedule.forget(self.twin)
-        lane.noted = 0
+        lane.noted, lane.give_up_at = 0, None
         if down_s is not None:
             log.warning(
                 "twin %s answers again after %.1fs; sending the %d message(s) waiting for it",

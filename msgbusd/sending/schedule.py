@@ -185,10 +185,10 @@ class Schedule:
         # Attempt 1 was the send that found the peer down, or this probe for a request never sent.
         return now + self.backoff.total_s(max(item.failures, 1), item.original.retries)
 
-    async def note(self, dst: int, cursor: int) -> int:
+    async def note(self, dst: int, cursor: int) -> tuple[int, float]:
         """Write the give-up times of ``dst``'s queue entries from index ``cursor`` on (a bounded number per
-        call); returns the index to go on from next time."""
-        noted = 0
+        call); returns the index to go on from next time, and the first time written (inf: none)."""
+        noted, first = 0, math.inf
         while noted < NOTE_MAX:
             entries = await self._store.send_queue_range(dst, cursor, READ_CHUNK)
             if not entries:
@@ -210,7 +210,8 @@ class Schedule:
             # The failed probe was their first attempt (the rules router withdraws only such messages).
             await self._store.record_failures(never_sent, only_first=True)
             await self._store.add_give_ups(dst, times)
-        return cursor
+            first = min(first, *times.values()) if times else first
+        return cursor, first
 
     async def give_up_due(self, dst: int, cause: str) -> int:
         """Give up the waiting messages of ``dst`` whose time has come (``cause``: why its peer is
@@ -223,10 +224,10 @@ class Schedule:
         await self._store.drop_give_ups(dst, entries)
         return len(entries)
 
-    async def seconds_until_give_up(self, dst: int) -> float:
-        """How long until the first of ``dst``'s waiting messages gives up (inf: none has a time)."""
+    async def next_give_up_at(self, dst: int) -> float:
+        """When the first of ``dst``'s waiting messages gives up (inf: none has a time)."""
         at = await self._store.first_give_up(dst)
-        return math.inf if at is None else max(0.0, at - self._clock())
+        return math.inf if at is None else at
 
     async def trim(self, dst: int, batch: int) -> int:
         """Pop the entries at the head of ``dst``'s queue that have their outcome already (given up,
