@@ -133,6 +133,14 @@ class Metrics:
         self.links_open = Gauge(
             "msgbus_links_open", "Open links to other msgbus sites (either side opened them).", registry=reg
         )
+        self.senders = Gauge(
+            "msgbus_senders",
+            "Senders of peers that answer (at most --workers; a peer that is down needs none).",
+            registry=reg,
+        )
+        self.senders_waiting = Gauge(
+            "msgbus_senders_waiting", "Twins with work waiting for a sender's place.", registry=reg
+        )
         self.site_instances = Gauge(
             "msgbus_site_instances",
             "Live msgbusd processes of the site (sharing its Redis), as seen at the last heartbeat.",
@@ -197,6 +205,11 @@ class Metrics:
 
     def set_links_open(self, count: int) -> None:
         self.links_open.set(count)
+
+    def set_senders(self, running: int, waiting: int) -> None:
+        """Set how many senders hold a place, and how many twins wait for one."""
+        self.senders.set(running)
+        self.senders_waiting.set(waiting)
 
     def set_peers_down(self, count: int) -> None:
         """Set the number of peers whose site does not answer."""

@@ -450,7 +450,7 @@ class Peers:
         self.probe_turns = asyncio.Semaphore(workers)
         # Senders of peers that answer: places free, the twins waiting for one (in order; their work is in
         # Redis), and the word to idle senders that one is wanted.
-        self._free_places = workers
+        self._places = self._free_places = workers
         self._waiting: dict[int, None] = {}
         self._idle_lanes: set[Lane] = set()
         self._stop_watched = False
@@ -559,6 +559,10 @@ class Peers:
             lane.wake.set()
         return False
 
+    def sender_places(self) -> tuple[int, int]:
+        """How many senders hold a place, and how many twins wait for one."""
+        return self._places - self._free_places, len(self._waiting)
+
     @property
     def place_wanted(self) -> bool:
         """A twin waits for a sender's place."""
@@ -596,16 +600,13 @@ class Peers:
 
     def _start_waiting(self, dst: int) -> None:
         """Start the sender of ``dst``, which waited for a place (it reads its work from Redis)."""
-        peer = self._peers.get(dst)
-        if peer is not None and peer.lane is not None:
-            # It got a sender meanwhile (it went down and was kicked): the place goes back.
+        if dst in self._peers or not self.holds(dst):
+            # It got a sender meanwhile, or is known down (which needs no place), or another instance sends
+            # to it now: the place goes back, and it is kicked as any twin with new work.
             self._free_places += 1
-            peer.lane.distrust()
-            peer.lane.missed = True
-            peer.lane.wake.set()
+            self.kick(dst)
             return
-        if peer is None:
-            peer = self._peers[dst] = Peer(dst, self)
+        peer = self._peers[dst] = Peer(dst, self)
         peer.has_place = True
         lane = peer.lane = Lane()
         self._spawn(peer.run(lane), f"sender to twin {dst}")

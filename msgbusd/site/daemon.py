@@ -147,6 +147,7 @@ class Daemon:
         site.metrics.set_overdue(await site.store.overdue(site.clock()))
         site.metrics.set_inflight(len(site.inflight))
         site.metrics.set_peers_down(site.peers.down_count())
+        site.metrics.set_senders(*site.peers.sender_places())
         site.metrics.set_links_open(site.links.open_count() if site.links is not None else 0)
         site.metrics.set_site_instances(len(site.instance.live))
 
