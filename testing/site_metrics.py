@@ -1,4 +1,5 @@
-"""A daemon's metrics as a test or a benchmark reads them: one sample of its ``/metrics``."""
+"""A daemon's figures as a test or a benchmark reads them: one sample of its ``/metrics``, and its peers
+from ``/status``."""
 
 from __future__ import annotations
 
@@ -17,3 +18,12 @@ def metric(site: SiteProcess, name: str, **labels: str) -> float | None:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return None
+
+
+def peers_probed(site: SiteProcess) -> int:
+    """How many of ``site``'s peers are down and have failed at least one probe (``/status``)."""
+    response = httpx.get(f"{site.url}/status", timeout=10.0, trust_env=False)
+    response.raise_for_status()
+    return sum(
+        1 for peer in response.json()["peers"] if peer["state"] == "down" and peer.get("probes", 0) >= 1
+    )

@@ -63,7 +63,7 @@ BATCH = 64
 IDLE_STOP_S = 30.0
 # While a peer is down, the finished entries (given up, expired) at the head of its queue are dropped this
 # often, and after each give-up.
-TRIM_EVERY_S = 60.0
+TRIM_EVERY_S = 5.0
 # What a sender that is not in step with its queue keeps of the work queued meanwhile, to catch up.
 KEPT_WHILE_UNTRUSTED = 4 * BATCH
 # A twin sent several messages at once (Peers.link_after), or one again within this long, is worth a link
