@@ -56,9 +56,11 @@ faults: setup
 	$(BIN)/python -m tests.faults.report .fault-report.jsonl
 
 # The benchmark sweep (two sites on this machine, msgbus against a no-logic floor); see docs/benchmarks.md.
+# PEER_BIN=path/to/a-go-rmb-build adds go-rmb's rows, measured side by side in the same sweep.
 bench: setup
-	$(BIN)/python -m bench.suite
+	$(BIN)/python -m bench.suite $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 	$(BIN)/python -m bench.router
+	$(BIN)/python -m bench.waiting
 
 demo: setup
 	$(BIN)/msgbus demo

@@ -3,9 +3,10 @@
 Each caller pushes a request to site 1's ``msgbus.system.local`` and pops its return queue; R workers on site
 2 echo. After a warm-up, D seconds are measured: RPC/s, latency percentiles, lost requests, and CPU and memory
 of every process read from /proc. ``--floor`` runs the same load through ``bench.floor_relay`` (the same
-hops, no daemon logic) instead of msgbusd.
+hops, no daemon logic) instead of msgbusd; ``--peer-bin GO_RMB`` through two go-rmb daemons of that build
+(:mod:`bench.go_rmb`), each row right after msgbus's.
 
-    python -m bench.rpc --clients 16 --payload 64 --duration 10
+    python -m bench.rpc --clients 16 --payload 64 --duration 10 [--floor] [--peer-bin GO_RMB]
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from bench.go_rmb import go_rmb_sites
 from msgbusd.site.instance import pick
 from testing.local_sites import LocalCluster, RedisProcess, free_port, port_open, wait_until
 from wire import keys
@@ -33,6 +35,8 @@ from wire.envelope import Envelope, encode_payload
 
 CMD = "bench.echo"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The roles of the processes whose CPU is the daemons' (msgbusd, the floor's relays, go-rmb).
+DAEMON_ROLES = ("msgbusd", "relay", "go-rmb")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -166,6 +170,18 @@ def floor_sites() -> Iterator[tuple[list[str], dict[str, int]]]:
             server.cleanup()
 
 
+@contextmanager
+def go_rmb_pair(binary: str) -> Iterator[tuple[list[str], dict[str, int]]]:
+    """Two go-rmb sites, twins 1 and 2, as :func:`msgbus_sites` gives two msgbus sites."""
+    with go_rmb_sites(binary, [1, 2]) as sites:
+        pids = {}
+        for site in sites:
+            assert site.redis.process is not None
+            pids[f"go-rmb{site.twin}"] = site.pid
+            pids[f"redis{site.twin}"] = site.redis.process.pid
+        yield [site.redis.url for site in sites], pids
+
+
 async def redis_commands(redis_urls: list[str]) -> int:
     """Commands the Redis servers at ``redis_urls`` have processed so far, together."""
     total = 0
@@ -202,7 +218,7 @@ async def measure(
     await asyncio.gather(*callers)
     rpcs = len(load.latencies)
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
-    daemons = sum(v for role, v in cpu.items() if role.startswith(("msgbusd", "relay")))
+    daemons = sum(v for role, v in cpu.items() if role.startswith(DAEMON_ROLES))
     ordered = sorted(load.latencies)
 
     def percentile(p: float) -> float:
@@ -230,31 +246,38 @@ def run_case(
     floor: bool,
     event_log: bool = False,
     links: bool = True,
+    peer_bin: str | None = None,
 ) -> dict[str, object]:
     """One row. With ``event_log``, both daemons write their event logs (to a directory removed after);
-    without ``links``, the sites send each other POSTs, as to go-rmb sites."""
+    without ``links``, the sites send each other POSTs, as to go-rmb sites; with ``peer_bin``, the sites are
+    two go-rmb daemons of that build (the callers and the service unchanged)."""
     load = Load(clients=clients, payload=b"x" * payload, fanout=fanout)
+    processes = getattr(args, "processes", 1)
     with tempfile.TemporaryDirectory(prefix="msgbus-bench-events-") as events_dir:
         daemon_args = [
             *(args.daemon_arg or []),
             *(["--event-log", events_dir] if event_log else []),
             *([] if links else ["--no-links"]),
         ]
-        row = _run_sites(args, load, floor, daemon_args)
-    system = "msgbus" if links else "msgbus, POSTs"
-    if floor or event_log:
-        system = "floor" if floor else "msgbus + event log"
-    processes = getattr(args, "processes", 1)
-    if processes > 1 and not floor:
-        system += f", {processes} processes per site"
+        sites: AbstractContextManager[tuple[list[str], dict[str, int]]]
+        if peer_bin:
+            sites, system = go_rmb_pair(peer_bin), "go-rmb"
+        elif floor:
+            sites, system = floor_sites(), "floor"
+        else:
+            sites = msgbus_sites(args.key_type, daemon_args, processes)
+            system = "msgbus + event log" if event_log else "msgbus" if links else "msgbus, POSTs"
+            if processes > 1:
+                system += f", {processes} processes per site"
+        row = _run_sites(args, load, sites)
     return {"system": system, "clients": clients, "payload_bytes": payload, "fanout": fanout, **row}
 
 
 def _run_sites(
-    args: argparse.Namespace, load: Load, floor: bool, daemon_args: list[str]
+    args: argparse.Namespace,
+    load: Load,
+    sites: AbstractContextManager[tuple[list[str], dict[str, int]]],
 ) -> dict[str, object]:
-    processes = getattr(args, "processes", 1)
-    sites = floor_sites() if floor else msgbus_sites(args.key_type, daemon_args, processes)
     with sites as (redis_urls, pids):
         command = [sys.executable, "-m", "bench.echo_service", redis_urls[1], CMD, str(args.workers)]
         service = subprocess.Popen(command)
@@ -280,14 +303,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16, help="service workers on site 2")
     parser.add_argument("--key-type", default="ed25519")
     parser.add_argument("--floor", action="store_true", help="also measure the no-logic floor")
+    parser.add_argument("--peer-bin", metavar="GO_RMB", help="also measure two go-rmb daemons of this build")
     parser.add_argument("--daemon-arg", action="append", help="extra msgbusd flag (repeatable)")
     parser.add_argument("--processes", type=int, default=1, help="msgbusd processes per site (--reuse-port)")
     args = parser.parse_args()
     for payload in (int(p) for p in args.payload.split(",")):
         for clients in (int(c) for c in args.clients.split(",")):
-            systems = [False, True] if args.floor else [False]
-            for floor in systems:
-                print(json.dumps(run_case(args, clients, payload, args.fanout, floor)), flush=True)
+            print(json.dumps(run_case(args, clients, payload, args.fanout, False)), flush=True)
+            if args.peer_bin:
+                row = run_case(args, clients, payload, args.fanout, False, peer_bin=args.peer_bin)
+                print(json.dumps(row), flush=True)
+            if args.floor:
+                print(json.dumps(run_case(args, clients, payload, args.fanout, True)), flush=True)
 
 
 if __name__ == "__main__":

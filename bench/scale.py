@@ -17,25 +17,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 
+from bench.go_rmb import go_rmb_sites
 from bench.rpc import cpu_seconds, rss_mib
 from client.sync import Client
-from msgbusd.identity.signing import Signer
-from testing.local_sites import LocalCluster, RedisProcess, free_port, wait_until
+from testing.local_sites import LocalCluster
 from testing.many_twins import ManyTwinsProcess
-from twin_resolver.base import Twin
 from twin_resolver.static import write_twin_file
 
 MIN_REQUESTS = 1_000
@@ -76,35 +70,16 @@ def run_go_rmb(binary: str, destinations: int, *, idle_s: float) -> dict[str, An
 @contextlib.contextmanager
 def go_rmb_site(binary: str, harness: ManyTwinsProcess) -> Iterator[tuple[int, str]]:
     """A go-rmb daemon as twin 1 with its own Redis, and the harness's twins at their addresses alone."""
-    workdir = Path(tempfile.mkdtemp(prefix="msgbus-scale-"))
-    seed, port = os.urandom(32), free_port()
-    site = Twin(id=1, address=f"127.0.0.1:{port}", public_key=Signer(seed, "ed25519").public_key)
     twins = harness.twins()
-    # The harness reads the site's key and address from a twin file of msgbus's format; go-rmb its own.
-    write_twin_file(workdir / "twins.json", [site, *twins])
-    go_twins = {str(t.id): {"ip": urlsplit(t.address).netloc, "pk": t.public_key.hex()} for t in twins}
-    go_twins["1"] = {"ip": site.address, "pk": site.public_key.hex()}
-    (workdir / "go-twins.json").write_text(json.dumps(go_twins))
-    redis_process = RedisProcess().start()
-    args = [binary, "--twin", "1", "--seed", seed.hex(), "--twins", str(workdir / "go-twins.json")]
-    args += ["--redis", f"127.0.0.1:{redis_process.port}", "--listen", site.address, "--log-level", "error"]
-    daemon = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        harness.start(workdir / "twins.json")
-        wait_until(lambda: _listening(port), what="go-rmb to listen")
-        yield daemon.pid, redis_process.url
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=10)
-        harness.stop()
-        redis_process.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-        return True
-    return False
+    with go_rmb_sites(binary, [1], others=twins) as (site,), tempfile.TemporaryDirectory() as workdir:
+        # The harness reads the site's key and address from a twin file of msgbus's format.
+        twins_file = Path(workdir) / "twins.json"
+        write_twin_file(twins_file, [site.identity, *twins])
+        try:
+            harness.start(twins_file)
+            yield site.pid, site.redis.url
+        finally:
+            harness.stop()
 
 
 def measure(destinations: int, pid: int, redis_url: str, idle_s: float) -> dict[str, Any]:

@@ -6,7 +6,12 @@ event logs), 64 KiB and 1 MiB payloads, a fan-out of one request to 50
 destinations, and a backlog of pending requests (memory held, expiry speed).
 Every figure comes from this one run on this machine, so ratios between rows are what to compare.
 
-    python -m bench.suite [--duration S] [--backlog N]
+``--peer-bin GO_RMB`` adds rows of two go-rmb daemons of that build as the sites, with the same callers and
+service, at 1 and 64 callers (64-byte payloads): msgbus's row and go-rmb's there run ``--peer-rounds`` times
+each, taking turns at going first, then msgbus's figures over go-rmb's and the targets met or not
+(:mod:`bench.targets`), all from this run.
+
+    python -m bench.suite [--duration S] [--backlog N] [--peer-bin GO_RMB [--peer-rounds N] [--peer-only]]
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from bench.rpc import run_case
+from bench.targets import ratios_table, verdicts_table
 
 CASES: list[tuple[int, int, int, bool, bool, bool]] = [
     # (clients, payload bytes, fan-out, floor, event log, links)
@@ -40,6 +47,8 @@ CASES: list[tuple[int, int, int, bool, bool, bool]] = [
     (16, 1024 * 1024, 1, False, False, True),
     (16, 64, 50, False, False, True),
 ]
+# With --peer-bin, these rows alternate with go-rmb's.
+PEER_CASES = {(1, 64, 1, False, False, True), (64, 64, 1, False, False, True)}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -58,6 +67,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def case_rows(
+    case_args: argparse.Namespace,
+    case: tuple[int, int, int, bool, bool, bool],
+    peer_bin: str | None,
+    rounds: int,
+) -> Iterator[dict[str, Any]]:
+    """The case's row; with ``peer_bin`` and a case of ``PEER_CASES``, msgbus's and go-rmb's ``rounds`` times
+    each, msgbus first, then go-rmb first, and so on: the machine's speed drifting during the run weighs on
+    both alike."""
+    clients, payload, fanout, floor, event_log, links = case
+    if not peer_bin or case not in PEER_CASES:
+        yield run_case(case_args, clients, payload, fanout, floor, event_log, links)
+        return
+    for number in range(rounds):
+        for peer in (None, peer_bin) if number % 2 == 0 else (peer_bin, None):
+            yield run_case(case_args, clients, payload, fanout, floor, event_log, links, peer_bin=peer)
+
+
+def run_backlog(requests: int) -> str:
+    command = [sys.executable, "-m", "bench.backlog", str(requests)]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def _size(n: int) -> str:
     if n >= 1024 * 1024:
         return f"{n // (1024 * 1024)} MiB"
@@ -73,23 +105,38 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--peer-bin", metavar="GO_RMB", help="also measure two go-rmb daemons of this build")
+    parser.add_argument("--peer-rounds", type=int, default=2, help="msgbus/go-rmb rows per caller count")
+    parser.add_argument(
+        "--peer-only",
+        action="store_true",
+        help="only the rows compared with go-rmb (no other case, no backlog)",
+    )
     args = parser.parse_args()
+    if args.peer_only and not args.peer_bin:
+        parser.error("--peer-only needs --peer-bin")
     case_args = argparse.Namespace(
         duration=args.duration, warmup=args.warmup, workers=16, key_type="ed25519", daemon_arg=[]
     )
+    cases = [case for case in CASES if case in PEER_CASES] if args.peer_only else CASES
     rows = []
-    for clients, payload, fanout, floor, event_log, links in CASES:
-        row = run_case(case_args, clients, payload, fanout, floor, event_log, links)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    backlog = subprocess.run(
-        [sys.executable, "-m", "bench.backlog", str(args.backlog)], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    print(backlog, flush=True)
+    for case in cases:
+        for row in case_rows(case_args, case, args.peer_bin, args.peer_rounds):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    backlog = None if args.peer_only else run_backlog(args.backlog)
+    if backlog is not None:
+        print(backlog, flush=True)
     print()
     print(table(rows))
-    print()
-    print("backlog:", backlog)
+    if backlog is not None:
+        print()
+        print("backlog:", backlog)
+    if args.peer_bin:
+        print()
+        print(ratios_table(rows))
+        print()
+        print(verdicts_table(rows))
 
 
 if __name__ == "__main__":
