@@ -143,6 +143,7 @@ class BridgeCounters:
     rejected: int = 0  # over the size limit, or a topic that is not UTF-8: acknowledged and dropped
     redelivered: int = 0  # arrived flagged DUP
     connections: int = 0  # successful CONNACKs
+    resubscribed: int = 0  # SUBACKs of the subscriptions sent again on a new connection
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,8 @@ class MqttBridge:
         self._dropped_filters: tuple[str, ...] = ()
         # Connections are numbered from 1 in paho's thread; 0: none yet.
         self._paho_connection = 0
+        # The mids of the subscriptions sent again on a new connection (paho's thread only).
+        self._resubscribe_mids: set[int] = set()
         # The asyncio side's view: the connection that is up (None: none) and the one given up on.
         self._live_connection: int | None = None
         self._abandoned_connection: int | None = None
@@ -436,6 +439,13 @@ class MqttBridge:
             self._settings.client_id, self._settings.host, self._settings.port, session_present,
         )  # fmt: skip
 
+    def _resubscribed(self, refusal: str | None) -> None:
+        if refusal is None:
+            self.counters.resubscribed += 1
+        else:
+            client_id = self._settings.client_id
+            log.error("mqtt %s: the broker refused a subscription again: %s", client_id, refusal)
+
     def _connection_down(self, reason: str) -> None:
         self._live_connection = None
         self._connected.clear()
@@ -487,7 +497,9 @@ class MqttBridge:
             return
         self._paho_connection += 1
         if self._filters:
-            client.subscribe([(f, 1) for f in self._filters])
+            rc, mid = client.subscribe([(f, 1) for f in self._filters])
+            if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                self._resubscribe_mids.add(mid)
         if self._dropped_filters:
             client.unsubscribe(list(self._dropped_filters))
         self._to_loop(self._connection_up, self._paho_connection, flags.session_present)
@@ -527,4 +539,8 @@ class MqttBridge:
         self, client: Client, userdata: Any, mid: int, reasons: list[ReasonCode], props: Properties | None
     ) -> None:
         refused = [str(reason) for reason in reasons if reason.is_failure]
+        if mid in self._resubscribe_mids:
+            self._resubscribe_mids.discard(mid)
+            self._to_loop(self._resubscribed, "; ".join(refused) if refused else None)
+            return
         self._to_loop(self._answer, self._pending_subscribes, mid, "; ".join(refused) if refused else None)

@@ -228,9 +228,10 @@ async def test_after_a_broker_restart_the_bridge_reconnects_and_subscribes_again
 
             broker.restart()
             await wait_for(
-                lambda: subscriber.counters.connections == 2 and publisher.counters.connections == 2,
-                what="both bridges to reconnect",
+                lambda: subscriber.counters.resubscribed == 1 and publisher.counters.connections == 2,
+                what="both bridges to reconnect, the subscriber's subscription acknowledged again",
             )
+            assert subscriber.counters.connections == 2
             await publisher.publish(topic, b"after")
 
             assert await received.wait_for_count(2) == [(topic, b"before"), (topic, b"after")]
@@ -248,6 +249,7 @@ async def test_a_subscription_made_while_the_broker_is_away_is_sent_once_it_is_b
         await subscriber.subscribe(topic)
         mosquitto.start()
         await subscriber.wait_connected(10.0)
+        await wait_for(lambda: subscriber.counters.resubscribed == 1, what="the subscription acknowledged")
         async with running_bridge(mosquitto, mqtt_names.client_id("pub")) as publisher:
             await publisher.publish(topic, b"hello")
             assert await received.wait_for_count(1) == [(topic, b"hello")]
