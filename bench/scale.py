@@ -6,10 +6,16 @@ ten each), and the run ends with the last answer. Prints one JSON line per N: re
 daemon's CPU per request, its resident memory before, after and (``--idle S``) after S seconds idle, and
 the growth of the site's Redis memory.
 
-    python -m bench.scale [--destinations 1,100,1000,10000] [--no-links] [--idle S] [--peer-bin GO_RMB]
+    python -m bench.scale [--destinations 1,100,1000,10000] [--down N] [--no-links] [--idle S]
+                          [--peer-bin GO_RMB]
+
+``--down N``: N of the destinations are down (their address refuses connections); each of their requests
+is answered with its error once its tries are spent (one try: ``retries`` 0), counted in ``errors``.
 
 ``--peer-bin`` runs the same requests through a go-rmb daemon as the site (a measuring instrument, not part
-of msgbus), right after msgbus for each N, against the same twins (it reaches each at its address alone).
+of msgbus), right after msgbus for each N, against the same twins (it reaches each at its address alone);
+not with ``--down``, as go-rmb answers almost none of the requests to twins that are down (its retries are
+keyed by the client's uid, which RMB clients leave empty).
 """
 
 from __future__ import annotations
@@ -44,8 +50,8 @@ def redis_used_mib(url: str) -> float:
         return int(conn.info("memory")["used_memory"]) / 2**20
 
 
-def run(destinations: int, *, links: bool, idle_s: float) -> dict[str, Any]:
-    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, links=links)
+def run(destinations: int, *, links: bool, idle_s: float, down: int = 0) -> dict[str, Any]:
+    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, down=down, links=links)
     cluster = LocalCluster(size=1, extra_twins=harness.twins()).start()
     try:
         harness.start(cluster.twins_file)
@@ -54,6 +60,7 @@ def run(destinations: int, *, links: bool, idle_s: float) -> dict[str, Any]:
         return {
             "system": "msgbus",
             "links": links,
+            "down": down,
             **measure(destinations, process.pid, cluster.redis[0].url, idle_s),
         }
     finally:
@@ -114,13 +121,15 @@ def measure(destinations: int, pid: int, redis_url: str, idle_s: float) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--destinations", default="1,100,1000,10000", help="comma-separated twin counts")
+    parser.add_argument("--down", type=int, default=0, metavar="N", help="N of the destinations are down")
     parser.add_argument("--no-links", dest="links", action="store_false", help="the twins take POSTs only")
     parser.add_argument("--idle", type=float, default=0.0, metavar="S", help="RSS again after S s idle")
     parser.add_argument("--peer-bin", metavar="GO_RMB", help="also run go-rmb as the site, side by side")
     args = parser.parse_args()
     for destinations in (int(n) for n in args.destinations.split(",")):
-        print(json.dumps(run(destinations, links=args.links, idle_s=args.idle)), flush=True)
-        if args.peer_bin:
+        down = min(args.down, destinations)
+        print(json.dumps(run(destinations, links=args.links, idle_s=args.idle, down=down)), flush=True)
+        if args.peer_bin and not down:
             print(json.dumps(run_go_rmb(args.peer_bin, destinations, idle_s=args.idle)), flush=True)
 
 

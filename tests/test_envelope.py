@@ -98,6 +98,9 @@ def test_replace_returns_a_new_envelope_and_keeps_the_old_one() -> None:
     changed = env.replace(dst=[2, 3], cmd="y")
     assert changed.dst == (2, 3) and changed.cmd == "y"
     assert env.dst == (1,) and env.cmd == "x"
+    assert changed == Envelope(cmd="y", dst=(2, 3)) and hash(changed) == hash(Envelope(cmd="y", dst=(2, 3)))
+    with pytest.raises(TypeError, match="no field 'command'"):
+        env.replace(command="y")
 
 
 def test_payload_helpers_use_standard_base64_with_padding() -> None:

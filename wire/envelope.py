@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -42,6 +41,8 @@ _FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 _BY_LOWER_KEY = {key: (attr, kind) for key, attr, kind in _FIELDS}
 _ZERO: dict[str, Any] = {"int": 0, "str": "", "ints": (), "bool": False}
+_ATTRS = tuple(attr for _key, attr, _kind in _FIELDS)
+_set = object.__setattr__
 # A key missing on the wire takes its zero value (so a message without "ver" has version 0).
 _ZERO_VALUES: dict[str, Any] = {attr: _ZERO[kind] for _key, attr, kind in _FIELDS}
 
@@ -78,7 +79,14 @@ class Envelope:
         """A copy with some fields changed (``dst`` may be given as any iterable of ints)."""
         if "dst" in changes:
             changes["dst"] = tuple(changes["dst"])
-        return dataclasses.replace(self, **changes)
+        unknown = changes.keys() - _ATTRS
+        if unknown:
+            raise TypeError(f"Envelope has no field {sorted(unknown)[0]!r}")
+        # Twice as fast as dataclasses.replace (the envelope is copied several times per message).
+        copy = object.__new__(Envelope)
+        for attr in _ATTRS:
+            _set(copy, attr, changes[attr] if attr in changes else getattr(self, attr))
+        return copy
 
     @property
     def lifetime_s(self) -> int:

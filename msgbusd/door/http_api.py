@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from msgbusd.door import openapi
 from msgbusd.door.rate_limit import TokenBuckets
@@ -52,6 +51,14 @@ REDIS_RETRY_AFTER_S = 1
 
 ACCEPTED_BODY = b'{"status": "accepted"}'
 JSON_TYPE = "application/json"
+JSON_TYPE_BYTES = JSON_TYPE.encode()
+CMD_PATH = "/zbus-cmd"
+RESULT_PATH = "/zbus-result"
+
+# An endpoint's answer to a request POSTed to it: the status and the body (JSON).
+Answer = tuple[int, bytes]
+Handler = Callable[[str, bytes], Awaitable[Answer]]
+ACCEPTED: Answer = (200, ACCEPTED_BODY)
 
 
 @dataclass
@@ -76,15 +83,14 @@ class Door:
     # Per source twin, after its signature is checked; None: no limit.
     rate_limit: TokenBuckets | None = None
 
-    async def verified(self, request: Request) -> Envelope:
-        """The request's envelope, if it passes every check; else :class:`RejectedRequest`."""
-        body = await request.body()
+    async def verified(self, path: str, body: bytes) -> Envelope:
+        """The envelope POSTed to ``path``, if it passes every check; else :class:`RejectedRequest`."""
         try:
             env = Envelope.decode(body)
         except EnvelopeDecodeError as exc:
             raise self._rejected("invalid", 400, "couldn't parse json") from exc
         await self.check(env)
-        if request.url.path != "/zbus-cmd":
+        if path != CMD_PATH:
             self.refuse_proxied(env)
         return env
 
@@ -203,29 +209,33 @@ class Door:
         return Inbound(target, env.encode(), env.src, seen_id(env), ttl_s, to_service=True, envelope=env)
 
 
-def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links | None = None) -> Starlette:
+def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links | None = None) -> DoorApp:
     """The site port's app: the RMB endpoints, ``/zbus-batch``, and ``/zbus-link`` when ``links`` is given
-    (without it, an upgrade is refused and peers send POSTs)."""
+    (without it, an upgrade is refused and peers send POSTs).
 
-    async def remote(request: Request) -> Response:
-        await door.take([(REMOTE_PATH, await door.verified(request))])
-        return _accepted()
+    The endpoints peers POST to are plain ASGI apps reached by their path alone, ahead of starlette's
+    routing and middleware: every message a go-rmb peer sends, and every single message between msgbus
+    sites, comes in one of them."""
 
-    async def reply(request: Request) -> Response:
-        await door.take([(REPLY_PATH, await door.verified(request))])
-        return _accepted()
+    async def remote(path: str, body: bytes) -> Answer:
+        await door.take([(REMOTE_PATH, await door.verified(path, body))])
+        return ACCEPTED
 
-    async def batch(request: Request) -> Response:
-        return Response(await take_batch(door, await request.body()), 200, media_type=JSON_TYPE)
+    async def reply(path: str, body: bytes) -> Answer:
+        await door.take([(REPLY_PATH, await door.verified(path, body))])
+        return ACCEPTED
 
-    async def cmd(request: Request) -> Response:
-        env = await door.verified(request)
+    async def batch(path: str, body: bytes) -> Answer:
+        return 200, await take_batch(door, body)
+
+    async def cmd(path: str, body: bytes) -> Answer:
+        env = await door.verified(path, body)
         retqueue = str(uuid.uuid4())
         await door.store.push(keys.REMOTE, env.replace(pxy=True, ret=retqueue).encode())
-        return Response(json.dumps({"retqueue": retqueue}), 200, media_type=JSON_TYPE)
+        return 200, json.dumps({"retqueue": retqueue}).encode()
 
-    async def result(request: Request) -> Response:
-        retqueue = _retqueue(await request.body())
+    async def result(path: str, body: bytes) -> Answer:
+        retqueue = _retqueue(body)
         now = int(door.clock())
         items = []
         for raw in await door.store.read_list(retqueue):
@@ -236,54 +246,39 @@ def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links 
                 continue
             shown = env.replace(dat=_payload_text(env.dat), now=now)
             items.append(door.signer.sign(shown).to_wire())
-        return Response(json.dumps(items), 200, media_type=JSON_TYPE)
+        return 200, json.dumps(items).encode()
 
-    routes = [
-        Route("/zbus-remote", _Endpoint(remote, door.metrics)),
-        Route("/zbus-reply", _Endpoint(reply, door.metrics)),
-        Route("/zbus-cmd", _Endpoint(cmd, door.metrics)),
-        Route("/zbus-result", _Endpoint(result, door.metrics)),
-        Route(BATCH_PATH, _Endpoint(batch, door.metrics)),
-        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
-        *extra_routes,
-    ]
+    endpoints = {
+        REMOTE_PATH: remote,
+        REPLY_PATH: reply,
+        CMD_PATH: cmd,
+        RESULT_PATH: result,
+        BATCH_PATH: batch,
+    }
+    routes = [Route("/openapi.json", openapi_endpoint, methods=["GET"]), *extra_routes]
     if links is not None:
         routes.append(WebSocketRoute(LINK_PATH, links.serve))
-    return Starlette(routes=routes, middleware=[Middleware(_BodyLimit, door=door)])
+    by_path = {path: _Endpoint(handler, door) for path, handler in endpoints.items()}
+    return DoorApp(by_path, Starlette(routes=routes))
 
 
-class _BodyLimit:
-    """Refuses a body over the door's limit with 413: at once when its Content-Length says so, else as soon
-    as the bytes read pass the limit (the endpoint turns the error into the answer)."""
+class DoorApp:
+    """The RMB endpoints by their path, any method; everything else to starlette's routes."""
 
-    def __init__(self, app: ASGIApp, door: Door) -> None:
-        self._app = app
-        self._door = door
+    def __init__(self, endpoints: dict[str, _Endpoint], others: Starlette) -> None:
+        self._endpoints = endpoints
+        self._others = others
+
+    def paths(self) -> set[str]:
+        """Every path served."""
+        return self._endpoints.keys() | {getattr(route, "path", "") for route in self._others.routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        limit = self._door.max_message_bytes
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            error = self._door.too_large()
-            log.info("refused %s %s: %s", scope["method"], scope["path"], error.message)
-            response = Response(http_error_body(error.message), error.status, media_type=JSON_TYPE)
-            await response(scope, receive, send)
-            return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise self._door.too_large()
-            return message
-
-        await self._app(scope, limited, send)
+        endpoint = self._endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self._others(scope, receive, send)
+        else:
+            await endpoint(scope, receive, send)
 
 
 async def openapi_endpoint(request: Request) -> Response:
@@ -370,35 +365,56 @@ def dedup_ttl_s(env: Envelope, freshness_s: float) -> int:
     return min(env.lifetime_s + int(freshness_s), MAX_DEDUP_TTL_S)
 
 
-def _accepted() -> Response:
-    return Response(ACCEPTED_BODY, 200, media_type=JSON_TYPE)
-
-
 class _Endpoint:
-    """Wrap ``handler`` as a plain ASGI app (not a function), so starlette routes every HTTP method to it."""
+    """One RMB endpoint as a plain ASGI app: reads the body (refusing one over the door's limit with 413, at
+    once when its Content-Length says so), runs ``handler`` and answers, with go-rmb's statuses and texts
+    for refusals and a 503 with Retry-After when Redis cannot take the message."""
 
-    def __init__(self, handler: Callable[[Request], Awaitable[Response]], metrics: Metrics) -> None:
+    def __init__(self, handler: Handler, door: Door) -> None:
         self._handler = handler
-        self._metrics = metrics
+        self._door = door
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
+        path = scope["path"]
+        headers: list[tuple[bytes, bytes]] = []
         try:
-            response = await self._handler(request)
+            body = await self._body(scope, receive)
+            if body is None:
+                return
+            status, answer = await self._handler(path, body)
         except RejectedRequest as exc:
-            log.info("refused %s %s: %s", request.method, request.url.path, exc.message)
-            response = Response(http_error_body(exc.message), exc.status, media_type=JSON_TYPE)
+            log.info("refused %s %s: %s", scope["method"], path, exc.message)
+            status, answer = exc.status, http_error_body(exc.message)
         except RedisError as exc:
             # The sender keeps the message and sends it again after Retry-After, without spending a try.
-            log.error("redis failed while handling %s: %s", request.url.path, exc)
-            self._metrics.error("redis")
-            response = Response(
-                http_error_body(f"couldn't queue the message, the site's redis failed: {exc}"),
-                503,
-                headers={"Retry-After": str(REDIS_RETRY_AFTER_S)},
-                media_type=JSON_TYPE,
-            )
-        await response(scope, receive, send)
+            log.error("redis failed while handling %s: %s", path, exc)
+            self._door.metrics.error("redis")
+            status = 503
+            answer = http_error_body(f"couldn't queue the message, the site's redis failed: {exc}")
+            headers.append((b"retry-after", str(REDIS_RETRY_AFTER_S).encode()))
+        headers += [(b"content-length", str(len(answer)).encode()), (b"content-type", JSON_TYPE_BYTES)]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The request's body; None if the client went away first."""
+        limit = self._door.max_message_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise self._door.too_large()
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise self._door.too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
 
 def _retqueue(body: bytes) -> str:

@@ -101,6 +101,12 @@ class Metrics:
             "msgbus_messages", "Messages by what happened to them.", ["event"], registry=reg
         )
         self.errors = Counter("msgbus_errors", "Failures by cause.", ["cause"], registry=reg)
+        self.send_queue_reads = Counter(
+            "msgbus_send_queue_reads",
+            "Batches a sender read from its send queue in Redis rather than sending what it was handed "
+            "(after a restart or fault, while a peer is back with a backlog, or out of step with its queue).",
+            registry=reg,
+        )
         self.send_seconds = Histogram(
             "msgbus_send_seconds",
             "Duration of sends to other sites: HTTP POSTs (remote: requests, reply: replies), and frames "
@@ -171,6 +177,9 @@ class Metrics:
     def error(self, cause: ErrorCause) -> None:
         """Count one failure of kind ``cause``."""
         self.errors.labels(cause=_checked(cause, ERROR_CAUSES)).inc()
+
+    def send_queue_read(self) -> None:
+        self.send_queue_reads.inc()
 
     def observe_send(self, path: SendPath, seconds: float) -> None:
         """Record how long one POST to a peer took, whatever its outcome."""

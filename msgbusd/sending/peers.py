@@ -19,9 +19,11 @@
    queue flow again at batch speed.
 
 At most ``workers`` peers that answer have a sender at once (a peer that is down needs none of these: its
-sender mostly waits for its next probe); a peer with work but no free sender waits in line as its twin id
-alone, and idle senders stop to make room for it. At most ``workers`` send and ``workers`` probe at once. A
-peer's sender stops when its queue has been empty a while, and starts again when kicked.
+sender mostly waits for its next probe); a peer with work but no free sender waits in line with what was
+just queued for it (within bounds; its work is in Redis anyway), and idle senders stop to make room for it.
+At most ``workers`` send and ``workers`` probe at once. A peer's sender stops when its queue has been empty a
+while, and starts again when kicked. A new sender whose send queue held nothing before what it was handed
+(a twin talked to for the first time, or again after a while) sends it from memory at once.
 """
 
 from __future__ import annotations
@@ -64,8 +66,11 @@ IDLE_STOP_S = 30.0
 # While a peer is down, the finished entries (given up, expired) at the head of its queue are dropped this
 # often, and after each give-up.
 TRIM_EVERY_S = 5.0
-# What a sender that is not in step with its queue keeps of the work queued meanwhile, to catch up.
+# What a sender that is not in step with its queue keeps of the work queued meanwhile, to catch up; and what
+# is kept for a destination whose sender has not started yet.
 KEPT_WHILE_UNTRUSTED = 4 * BATCH
+# What is kept for all the twins waiting for a sender's place together (the others read theirs from Redis).
+KEPT_WAITING = 20_000
 # A twin sent several messages at once (Peers.link_after), or one again within this long, is worth a link
 # (when its site takes links); a single message now and then goes in a POST.
 BUSY_WITHIN_S = 10.0
@@ -93,6 +98,9 @@ class Lane:
     # Something not known was queued while untrusted: reading Redis to its end does not prove the lane is
     # in step.
     missed: bool = False
+    # Work this instance was not told of may wait in the queue (behind what memory holds): the queue is read
+    # once memory is sent.
+    recheck: bool = False
     # While the peer is down: how many entries at the head of the queue have their give-up time written.
     noted: int = 0
     # The peer asked us to wait (503 with Retry-After) until this time (monotonic).
@@ -128,6 +136,36 @@ class Lane:
         """The whole queue was sent from Redis, and all that was queued since is known: what is left to
         send is what memory holds."""
         self.trusted = True
+
+
+@dataclass
+class Kept:
+    """What was queued for a destination whose sender has not started (its lease is being claimed, or it
+    waits for a sender's place), in order; None: not all of it is known. ``alone``: its send queue held
+    nothing before that."""
+
+    items: list[SendItem] | None
+    alone: bool
+    # As Lane.recheck.
+    recheck: bool = False
+
+    @classmethod
+    def of(cls, items: Sequence[SendItem] | None, alone: bool) -> Kept:
+        return cls(list(items) if items else None, alone and bool(items))
+
+    def add(self, items: Sequence[SendItem] | None) -> int:
+        """Keep ``items`` too (queued after the others); returns how many more are kept."""
+        kept = self.items
+        if kept is None:
+            return 0
+        if items is None or len(kept) + len(items) > KEPT_WHILE_UNTRUSTED:
+            self.items, self.alone = None, False
+            return -len(kept)
+        kept.extend(items)
+        return len(items)
+
+    def __len__(self) -> int:
+        return len(self.items) if self.items else 0
 
 
 class Peer:
@@ -195,6 +233,9 @@ class Peer:
         if lane.trusted and lane.fresh:
             async with self._peers.turns:
                 await self._send_fresh(lane)
+        elif lane.recheck:
+            lane.recheck = False
+            lane.distrust()
         elif not lane.trusted:
             lane.missed = False
             async with self._peers.turns:
@@ -217,7 +258,7 @@ class Peer:
                     await lane.wake.wait()
             if peers.stopping.is_set():
                 return False
-            has_work = bool(lane.fresh) or not lane.trusted
+            has_work = bool(lane.fresh) or not lane.trusted or lane.recheck
             return has_work or (lane.wake.is_set() and not lane.give_way)
         finally:
             lane.give_way = False
@@ -243,6 +284,7 @@ class Peer:
         entries = await self._store.send_queue_heads(self.twin, BATCH)
         if not entries:
             return True
+        self._peers.metrics.send_queue_read()
         items = await self._peers.items.read(entries)
         done, replies = await self._deliver(lane, entries, items) if items else (len(entries), [])
         await self._store.sent(self.twin, replies, head=(entries[0], done))
@@ -448,10 +490,12 @@ class Peers:
         self.link_after = link_after
         self.turns = asyncio.Semaphore(workers)
         self.probe_turns = asyncio.Semaphore(workers)
-        # Senders of peers that answer: places free, the twins waiting for one (in order; their work is in
-        # Redis), and the word to idle senders that one is wanted.
+        # Senders of peers that answer: places free, the twins waiting for one (in order, with what was kept
+        # for them; all their work is in Redis), and the word to idle senders that one is wanted.
         self._places = self._free_places = workers
-        self._waiting: dict[int, None] = {}
+        self._waiting: dict[int, Kept] = {}
+        # Items kept for the twins waiting, all together (beyond KEPT_WAITING, a twin's are read from Redis).
+        self._kept_waiting = 0
         self._idle_lanes: set[Lane] = set()
         self._stop_watched = False
         self.clock = clock
@@ -462,6 +506,8 @@ class Peers:
         self._spawn = spawn
         # Peers with a sender, and peers that are down (their state outlives their sender).
         self._peers: dict[int, Peer] = {}
+        # What was queued for destinations whose lease is being claimed.
+        self._claiming: dict[int, Kept] = {}
 
     def down_count(self) -> int:
         """How many peers are down."""
@@ -493,7 +539,10 @@ class Peers:
         ``alone``: the send queue holds nothing else, so a new sender sends them from memory at once."""
         if not self.holds(dst):
             assert self.leases is not None
-            self.leases.want(str(dst), self.items.pack(items) if items else None)
+            name = str(dst)
+            carried = self.items.pack(items) if items and self.leases.holder_known(name) else None
+            if self.leases.want(name, carried):
+                self._keep_until_claimed(dst, items, alone)
             return
         peer = self._peers.get(dst)
         lane = peer.lane if peer is not None else None
@@ -501,7 +550,7 @@ class Peers:
             if self.stopping.is_set():
                 return
             needs_place = peer is None or not peer.health.is_down
-            if needs_place and not self._take_place(dst):
+            if needs_place and not self._take_place(dst, items, alone):
                 return
             if peer is None:
                 peer = self._peers[dst] = Peer(dst, self)
@@ -514,6 +563,45 @@ class Peers:
         else:
             lane.queued(items)
         lane.wake.set()
+
+    def _keep_until_claimed(self, dst: int, items: Sequence[SendItem] | None, alone: bool) -> None:
+        """Keep what was queued for ``dst`` while its lease is claimed: if this instance gains it, its new
+        sender sends that from memory rather than reading the queue back."""
+        if dst in self._claiming:
+            self._claiming[dst].add(items)
+        else:
+            self._claiming[dst] = Kept.of(items, alone)
+
+    def gained(self, dst: int, *, resumed: bool) -> None:
+        """This instance now holds ``dst``'s lease (or holds it still, and work was found waiting for it):
+        start its sender, with what was kept while the lease was claimed; one taken over from another
+        instance (``resumed``) probes its peer first."""
+        kept = self._claiming.pop(dst, None)
+        if resumed:
+            self.resume_one(dst)
+        elif kept is not None:
+            self.kick(dst, kept.items, alone=kept.alone)
+        else:
+            self._look_again(dst)
+
+    def _look_again(self, dst: int) -> None:
+        """Work this instance was not told of may wait for ``dst``: a sender in step with its queue, or a twin
+        waiting for a place with all its work known, reads the queue once it has sent what it knows (which
+        was queued first); any other is kicked as for unknown work."""
+        peer = self._peers.get(dst)
+        lane = peer.lane if peer is not None else None
+        waiting = self._waiting.get(dst)
+        if lane is not None and lane.trusted:
+            lane.recheck = True
+            lane.wake.set()
+        elif lane is None and waiting is not None and waiting.alone and waiting.items is not None:
+            waiting.recheck = True
+        else:
+            self.kick(dst)
+
+    def held_elsewhere(self, dst: int) -> None:
+        """Another instance holds ``dst``'s lease (it was told of the work): nothing kept here is sent."""
+        self._claiming.pop(dst, None)
 
     def kick_carried(self, dst: int, carried: bytes | None) -> None:
         """Another instance of the site queued work for ``dst`` and told this one, which sends to it:
@@ -548,12 +636,17 @@ class Peers:
                 del self._peers[peer.twin]
             self.leave_place(peer)
 
-    def _take_place(self, dst: int) -> bool:
-        """A sender place for ``dst``, or False: it waits in line, and idle senders are asked to stop."""
+    def _take_place(self, dst: int, items: Sequence[SendItem] | None, alone: bool) -> bool:
+        """A sender place for ``dst``, or False: it waits in line with ``items`` (just queued for it; kept
+        within bounds), and idle senders are asked to stop."""
         if self._free_places > 0 and not self._waiting:
             self._free_places -= 1
             return True
-        self._waiting[dst] = None
+        if dst in self._waiting:
+            self._kept_waiting += self._waiting[dst].add(items)
+        else:
+            kept = self._waiting[dst] = Kept.of(items if self._kept_waiting < KEPT_WAITING else None, alone)
+            self._kept_waiting += len(kept)
         for lane in self._idle_lanes:
             lane.give_way = True
             lane.wake.set()
@@ -594,21 +687,26 @@ class Peers:
         self._free_places += 1
         while self._free_places > 0 and self._waiting and not self.stopping.is_set():
             dst = next(iter(self._waiting))
-            del self._waiting[dst]
+            kept = self._waiting.pop(dst)
+            self._kept_waiting -= len(kept)
             self._free_places -= 1
-            self._start_waiting(dst)
+            self._start_waiting(dst, kept)
 
-    def _start_waiting(self, dst: int) -> None:
-        """Start the sender of ``dst``, which waited for a place (it reads its work from Redis)."""
+    def _start_waiting(self, dst: int, kept: Kept) -> None:
+        """Start the sender of ``dst``, which waited for a place: it sends what was kept from memory, or
+        reads its work from Redis."""
         if dst in self._peers or not self.holds(dst):
             # It got a sender meanwhile, or is known down (which needs no place), or another instance sends
-            # to it now: the place goes back, and it is kicked as any twin with new work.
+            # to it now: the place goes back, and it is kicked as any twin with new work (what was kept may
+            # have been sent since: its sender reads the queue).
             self._free_places += 1
             self.kick(dst)
             return
         peer = self._peers[dst] = Peer(dst, self)
         peer.has_place = True
-        lane = peer.lane = Lane()
+        lane = peer.lane = Lane(trusted=kept.alone, recheck=kept.recheck)
+        if kept.items is not None:
+            lane.queued(kept.items)
         self._spawn(peer.run(lane), f"sender to twin {dst}")
 
     def sign(self, item: SendItem) -> bytes:

@@ -532,7 +532,11 @@ def _send_when_held(leases: Leases, peers: Peers) -> None:
 
     def gained(name: str, resumed: bool) -> None:
         if name.isdigit():
-            (peers.resume_one if resumed else peers.kick)(int(name))
+            peers.gained(int(name), resumed=resumed)
+
+    def elsewhere(name: str) -> None:
+        if name.isdigit():
+            peers.held_elsewhere(int(name))
 
     def told(name: str, carried: bytes | None) -> None:
         if name.isdigit():
@@ -544,6 +548,7 @@ def _send_when_held(leases: Leases, peers: Peers) -> None:
 
     leases.on_gained = gained
     leases.on_told = told
+    leases.on_elsewhere = elsewhere
     leases.on_leaving = leaving
 
 

@@ -65,6 +65,8 @@ class Leases:
         self.on_gained: Callable[[str, bool], None] = _ignore_gained
         self.on_told: Callable[[str, bytes | None], None] = _ignore_told
         self.on_leaving: Callable[[str], None] = _ignore
+        # Another instance was found to hold a lease wanted here (it is told of the work).
+        self.on_elsewhere: Callable[[str], None] = _ignore
 
     def __len__(self) -> int:
         return len(self._held)
@@ -77,11 +79,13 @@ class Leases:
 
     # --- asked for by the work -----------------------------------------------------------------------------
 
-    def want(self, name: str, carried: bytes | None = None) -> None:
+    def want(self, name: str, carried: bytes | None = None) -> bool:
         """There is work under ``name``, which is not held here: claim it or tell its holder. ``carried``:
-        the work, for its holder to take from the announcement rather than from Redis."""
+        the work, for its holder to take from the announcement rather than from Redis (only a known holder
+        is sent it). False if the work is left to whoever gets the lease next (it is being handed on, or
+        this instance stops)."""
         if name in self._leaving or self._stopped:
-            return
+            return False
         chunks = self._carried.get(name) if name in self._wanted else []
         self._wanted.add(name)
         if (
@@ -94,6 +98,11 @@ class Leases:
         else:
             self._carried[name] = None
         self.work.set()
+        return True
+
+    def holder_known(self, name: str) -> bool:
+        """Another instance was last seen holding ``name`` (work wanted under it is carried to it)."""
+        return name in self._elsewhere
 
     def told(self, name: str, carried: bytes | None = None) -> None:
         """Another instance says ``name`` is ours now (claimed to make sure), or has work for us under it
@@ -115,11 +124,14 @@ class Leases:
         known = {
             name: Notice(elsewhere[name], _joined(carried.get(name))) for name in wanted & elsewhere.keys()
         }
+        for name in known:
+            self.on_elsewhere(name)
         return wanted - known.keys(), told, known
 
     def held_elsewhere(self, name: str, holder: str) -> None:
         """Redis says ``holder`` holds ``name``."""
         self._elsewhere[name] = holder
+        self.on_elsewhere(name)
 
     def forget_holders(self, names: set[str] | None = None) -> None:
         """Who holds ``names`` (None: any lease) may have changed."""

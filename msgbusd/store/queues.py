@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from msgbusd.store.replication import Replication
 from msgbusd.store.script_batch import ScriptBatch
 from msgbusd.store.send_queues import SendQueues
+from msgbusd.store.shared_round_trips import SharedRoundTrips
 from wire import keys
 from wire.envelope import Envelope
 from wire.redis_url import as_text
@@ -253,6 +254,8 @@ class Store(SendQueues):
         self._accept_reply = redis.register_script(_ACCEPT_REPLY)
         self._accept_remote = redis.register_script(_ACCEPT_REMOTE)
         self._finish = redis.register_script(_FINISH)
+        # Replies from many peers arrive at about the same time.
+        self._finished_together = SharedRoundTrips(redis, replication)
         self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
         self._count_failure = redis.register_script(_COUNT_FAILURE)
 
@@ -414,15 +417,14 @@ class Store(SendQueues):
         raw item is acked from that queue's processing list whether it was delivered or not. For each
         outcome delivered, the request's deadline (unix seconds; -1 if it had none); None for the others."""
         processing = self.processing(ack_queue) if ack_queue else ""
-        batch = ScriptBatch(self.redis, self._replication)
+        calls = []
         for outcome in outcomes:
             ttl = 0 if keys.is_system_queue(outcome.ret) else keys.RETURN_QUEUE_TTL_S
-            batch.script(
-                self._finish,
-                [keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS, outcome.ret, processing],
-                [outcome.uid, outcome.payload, ttl, request_member(outcome.uid), outcome.raw],
-            )
-        return [None if answer == 0 else float(answer) for answer in await batch.run()]
+            script_keys = [keys.BACKLOG, keys.DEADLINES, keys.OUTBOX, keys.ATTEMPTS, outcome.ret, processing]
+            args = [outcome.uid, outcome.payload, ttl, request_member(outcome.uid), outcome.raw]
+            calls.append((self._finish, script_keys, args))
+        answers = await self._finished_together.run(calls)
+        return [None if answer == 0 else float(answer) for answer in answers]
 
     async def stage_local(self, raws: Sequence[bytes]) -> None:
         """Put requests made inside the daemon where taken local requests wait for acceptance, so that

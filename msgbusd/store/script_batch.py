@@ -14,7 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from msgbusd.store.replication import Replication
 
@@ -36,6 +36,15 @@ class ScriptBatch:
 
     async def run(self) -> list[Any]:
         """The answers, in order; raises the first error other than NOSCRIPT."""
+        answers = await self.run_each()
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return answers
+
+    async def run_each(self) -> list[Any]:
+        """The answers, in order, an error in place of the answer of a call that failed (other than with
+        NOSCRIPT); raises only what fails the whole batch (the connection, the replicas' wait)."""
         if not self._calls:
             return []
         async with self._pipe as pipe:
@@ -47,7 +56,8 @@ class ScriptBatch:
         for index, (answer, call) in enumerate(zip(answers, self._calls, strict=True)):
             if isinstance(answer, NoScriptError) and call is not None:
                 script, keys, args = call
-                answers[index] = await script(keys=keys, args=args)
-            elif isinstance(answer, Exception):
-                raise answer
+                try:
+                    answers[index] = await script(keys=keys, args=args)
+                except RedisError as exc:
+                    answers[index] = exc
         return answers

@@ -11,6 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from msgbusd.store.shared_round_trips import SharedRoundTrips
 from wire import keys
 from wire.redis_url import as_text
 
@@ -79,6 +80,8 @@ class SendQueues:
         self.redis = redis
         self._release_due = redis.register_script(_RELEASE_DUE)
         self._sent = redis.register_script(_SENT)
+        # Senders of many peers end their sends at about the same time.
+        self._sent_together = SharedRoundTrips(redis)
 
     async def pending_destinations(self) -> list[int]:
         """Destinations whose send queue is not empty (what a previous run left to send)."""
@@ -140,7 +143,8 @@ class SendQueues:
         if pop[1] == 0 and not replies:
             return True
         script_keys = [keys.send_queue(dst), keys.DESTINATIONS, keys.REPLIES, keys.REPLY_STATE, keys.OUTBOX]
-        return bool(await self._sent(keys=script_keys, args=[dst, *pop, *replies]))
+        (exact_head,) = await self._sent_together.run([(self._sent, script_keys, [dst, *pop, *replies])])
+        return bool(exact_head)
 
     async def release_due(self, now: float, limit: int) -> list[str]:
         """Move up to ``limit`` re-sends due by ``now`` to their send queues; returns them."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from msgbusd.sending.peers import KEPT_WHILE_UNTRUSTED, Lane
+from msgbusd.sending.peers import KEPT_WHILE_UNTRUSTED, Kept, Lane
 from msgbusd.sending.posts import REMOTE_PATH
 from msgbusd.sending.send_items import SendItem
 from wire.envelope import Envelope
@@ -40,3 +40,21 @@ def test_a_sender_too_far_behind_forgets_what_was_queued_and_reads_redis_to_its_
     assert not lane.missed and len(lane.fresh) == KEPT_WHILE_UNTRUSTED
     lane.queued([item("req:3.0")])
     assert lane.missed and not lane.fresh
+
+
+def test_what_is_kept_for_a_sender_not_started_yet_stays_in_order_and_within_bounds() -> None:
+    kept = Kept.of([item("req:2.1")], alone=True)
+    assert kept.add([item("req:2.2"), item("req:2.3")]) == 2
+    assert kept.alone and [queued.entry for queued in kept.items or []] == ["req:2.1", "req:2.2", "req:2.3"]
+    # Beyond the bound, nothing is kept: the sender reads its queue, and does not take it for in step.
+    assert kept.add([item(f"req:3.{n}") for n in range(KEPT_WHILE_UNTRUSTED)]) == -3
+    assert kept.items is None and not kept.alone and len(kept) == 0
+    assert kept.add([item("req:4.0")]) == 0 and kept.items is None
+
+
+def test_work_queued_without_being_known_makes_what_is_kept_of_no_use() -> None:
+    kept = Kept.of([item("req:2.1")], alone=True)
+    kept.add(None)
+    assert kept.items is None and not kept.alone
+    # Nothing known from the start: never taken for the whole queue.
+    assert not Kept.of(None, alone=True).alone

@@ -1,0 +1,38 @@
+"""A message to a twin the site has not talked to yet is sent from memory: it waits neither for its send queue
+to be read back from Redis after the destination's lease is claimed, nor after a sender's place frees up."""
+
+from __future__ import annotations
+
+import pytest
+
+from client.sync import Client
+from testing.local_sites import LocalCluster
+from testing.many_twins import ManyTwinsProcess
+from testing.site_metrics import metric
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
+
+CMD = "new.echo"
+
+
+def test_first_messages_to_many_new_twins_are_sent_without_reading_their_queues_back() -> None:
+    harness = ManyTwinsProcess(count=300)
+    cluster = LocalCluster(size=1, extra_args=["--workers", "20"], extra_twins=harness.twins()).start()
+    try:
+        harness.start(cluster.twins_file)
+        site = cluster.sites[0]
+        with Client(cluster.redis[0].url) as client:
+            for round_number in range(2):
+                rets = {twin: client.send(twin, CMD, b"%d" % round_number, exp=60) for twin in harness.up_ids}
+                replies = {twin: client.wait(ret, timeout=60)[0] for twin, ret in rets.items()}
+                assert {twin: (reply.error, reply.data) for twin, reply in replies.items()} == {
+                    twin: ("", b"%d" % round_number) for twin in harness.up_ids
+                }
+        # 300 twins through 20 senders' places: most waited in line, with their message kept for them.
+        assert (metric(site, "msgbus_messages_total", event="sent") or 0) == 600
+        assert metric(site, "msgbus_send_queue_reads_total") == 0
+        per_twin = harness.stats(per_twin=True)["per_twin"]
+        assert per_twin == {str(twin): {"received": 2, "answered": 2} for twin in harness.up_ids}
+    finally:
+        harness.stop()
+        cluster.cleanup()
