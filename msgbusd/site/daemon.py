@@ -41,6 +41,7 @@ from msgbusd.sending.send_items import SendItems
 from msgbusd.site.companions import Companion, SiteHandle
 from msgbusd.site.inflight import InFlight
 from msgbusd.site.instance import Instance
+from msgbusd.site.memory import release_free_memory_until
 from msgbusd.site.open_files import raise_open_files_limit
 from msgbusd.site.serving import QuietServer, bind_socket, serve_until, server
 from msgbusd.site.settings import Settings
@@ -258,6 +259,7 @@ class Daemon:
             group.create_task(site.instance.run(stopping), name="heartbeat")
             group.create_task(site.instance.listen(stopping), name="wake channel")
             group.create_task(site.events.run(self._stopping), name="event log")
+            group.create_task(release_free_memory_until(stopping), name="free memory")
             if site.links is not None:
                 group.create_task(site.links.close_idle_until(stopping), name="idle links")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
