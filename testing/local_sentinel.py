@@ -30,8 +30,10 @@ def sentinel_command(config: Path) -> list[str]:
 
 @dataclass
 class SentinelGroup:
-    # A master that does not answer for this long is taken for down by the sentinels (two must agree).
-    down_after_ms: int = 1000
+    # A master that does not answer for this long is taken for down by the sentinels (two must agree). With
+    # 1 s, a loaded machine's pauses had a new master taken for down, and the old master, started again
+    # and still copying the data set, promoted empty (docs/reliability.md).
+    down_after_ms: int = 3000
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="msgbus-sentinel-")))
     master: RedisProcess = field(default_factory=RedisProcess)
     replica: RedisProcess | None = None

@@ -2,16 +2,15 @@
 Redis have them (Redis ``WAIT`` on the connection that wrote them), so that a failover, which promotes the
 replica with the most data, loses none of them.
 
-A master with fewer replicas connected than N is waited for by those it has: a write on a master with no
+A master with fewer replicas online than N is waited for by those it has: a write on a master with no
 replica cannot be lost to a failover (there is no replica to promote), and a replica that connects later
-copies the whole data set before it counts. Which replicas are connected is read (``ROLE``) in the same
-round trip as the writes, at most once a second, and again at once after a wait fell short.
+copies the whole data set before it counts (``ROLE`` lists a replica once it has). Which replicas are online
+is read (``ROLE``) after the wait, in the same round trip as the writes: a replica that came online since the
+last round trip, and was not waited for, fails the writes, which are tried again and wait for it.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio.client import Pipeline
@@ -21,7 +20,6 @@ from wire import keys
 
 # How long a write waits for its replicas before it counts as failed.
 WAIT_MS = 2000
-ROLE_EVERY_S = 1.0
 
 
 class ReplicationError(RedisError):
@@ -29,48 +27,58 @@ class ReplicationError(RedisError):
 
 
 class Replication:
-    def __init__(
-        self, replicas: int, wait_ms: int = WAIT_MS, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, replicas: int, wait_ms: int = WAIT_MS) -> None:
         self.replicas = replicas
         self.wait_ms = wait_ms
-        self._clock = clock
-        self._connected = replicas
-        self._role_due = 0.0
+        # Until the master says otherwise, it is taken to have the replicas asked for.
+        self._online = replicas
 
-    def queue_on(self, pipe: Pipeline) -> tuple[bool, int]:
-        """Queue the reading of the role (when due) and the wait after writes queued on ``pipe``; returns
-        whether the role was asked and how many replicas are waited for."""
+    def queue_on(self, pipe: Pipeline) -> int:
+        """Queue the wait after the writes queued on ``pipe``, and the reading of the role; returns how many
+        replicas are waited for."""
         if not self.replicas:
-            return False, 0
-        ask_role = self._clock() >= self._role_due
-        if ask_role:
-            self._role_due = self._clock() + ROLE_EVERY_S
-            pipe.execute_command("ROLE")
-        wanted = min(self.replicas, self._connected)
+            return 0
+        wanted = min(self.replicas, self._online)
         if wanted:
             # WAIT waits for this connection's last write. One write of its own makes that "everything
             # written so far", so that a batch repeated after a wait fell short (its hand-offs find nothing
             # left to do) still waits for the writes of the first try.
             pipe.execute_command("INCR", keys.REPLICATED)
             pipe.execute_command("WAIT", wanted, self.wait_ms)
-        return ask_role, wanted
+        pipe.execute_command("ROLE")
+        return wanted
 
-    def check(self, answers: list[Any], asked_role: bool, wanted: int) -> None:
+    def check(self, answers: list[Any], wanted: int) -> None:
         """Take the answers :meth:`queue_on` queued off the end of ``answers``; raise
-        :class:`ReplicationError` when fewer replicas than waited for have the writes."""
+        :class:`ReplicationError` when fewer replicas than the master has online (up to the number asked
+        for) have the writes."""
+        if not self.replicas:
+            return
+        role = answers.pop()
         acknowledged = answers.pop() if wanted else 0
         if wanted:
             answers.pop()  # the write of our own
-        role = answers.pop() if asked_role else None
-        if isinstance(role, list) and role:
-            is_master = str(role[0].decode() if isinstance(role[0], bytes) else role[0]) == "master"
-            self._connected = len(role[2]) if is_master and len(role) > 2 else 0
         if isinstance(acknowledged, Exception):
             raise acknowledged
-        if int(acknowledged) < wanted:
-            self._role_due = 0.0
+        if isinstance(role, Exception):
+            raise role
+        self._online = _online_replicas(role)
+        needed = min(self.replicas, self._online)
+        if wanted < needed:
             raise ReplicationError(
-                f"only {acknowledged} of {wanted} replica(s) acknowledged the writes within "
+                f"{needed} replica(s) online, {wanted} waited for: the writes are made again and wait for "
+                "them (--redis-wait-replicas)"
+            )
+        if int(acknowledged) < needed:
+            raise ReplicationError(
+                f"only {acknowledged} of {needed} replica(s) acknowledged the writes within "
                 f"{self.wait_ms} ms (--redis-wait-replicas)"
             )
+
+
+def _online_replicas(role: Any) -> int:
+    """The replicas a ``ROLE`` answer lists (a master lists those that have copied its data set)."""
+    if not isinstance(role, list) or len(role) < 3:
+        return 0
+    kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+    return len(role[2]) if kind == "master" else 0

@@ -49,10 +49,10 @@ class ScriptBatch:
             return []
         async with self._pipe as pipe:
             # On the pipeline's one connection: WAIT covers the writes of its own client.
-            waits = self._replication.queue_on(pipe) if self._replication else (False, 0)
+            wanted = self._replication.queue_on(pipe) if self._replication else 0
             answers = list(await pipe.execute(raise_on_error=False))
         if self._replication is not None:
-            self._replication.check(answers, *waits)
+            self._replication.check(answers, wanted)
         for index, (answer, call) in enumerate(zip(answers, self._calls, strict=True)):
             if isinstance(answer, NoScriptError) and call is not None:
                 script, keys, args = call
