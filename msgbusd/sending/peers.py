@@ -634,6 +634,9 @@ class Peers:
             gone = not peer.health.is_down or not self.holds(peer.twin)
             if gone and self._peers.get(peer.twin) is peer:
                 del self._peers[peer.twin]
+                if self.leases is not None and not self.stopping.is_set():
+                    # Claimed again when there is something to send to it.
+                    self.leases.free(str(peer.twin))
             self.leave_place(peer)
 
     def _take_place(self, dst: int, items: Sequence[SendItem] | None, alone: bool) -> bool:

@@ -268,7 +268,10 @@ class Instance:
         releasable = self._leases.releasable()
         if releasable:
             others = [instance for instance in self.live if instance != self.id]
-            successors = {name: pick(name, others) if others else "" for name in releasable}
+            successors = {
+                name: pick(name, others) if others and not self._leases.frees(name) else ""
+                for name in releasable
+            }
             await self._store.hand_over(self.id, successors)
             self._leases.released(releasable)
 

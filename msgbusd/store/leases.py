@@ -3,7 +3,9 @@ senders, the taker of ``msgbus.system.local`` and the timers ask before each ste
 
 A lease leaves in two steps: it stops being held here at once (its user stops after the step it is in),
 and is handed to its next holder in Redis only once nothing here uses it any more, so that no two
-instances ever work under one lease.
+instances ever work under one lease. A lease with nothing left to do (a destination's sender that stopped,
+idle) is freed the same way, to no one: what a process holds stays as small as what it is doing, however
+many twins it has talked to. Work that comes up for it meanwhile claims it again once it is free.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Leases:
         self.instance = instance
         self._held: set[str] = set()
         self._leaving: set[str] = set()
+        # Leases being freed (handed to no one), and those of them that work wanted meanwhile.
+        self._freeing: set[str] = set()
+        self._wanted_again: set[str] = set()
         self._users: Counter[str] = Counter()
         # Names to claim: wanted by local work (their holder is told of it), or said to be ours by another.
         self._wanted: set[str] = set()
@@ -84,8 +89,13 @@ class Leases:
         the work, for its holder to take from the announcement rather than from Redis (only a known holder
         is sent it). False if the work is left to whoever gets the lease next (it is being handed on, or
         this instance stops)."""
-        if name in self._leaving or self._stopped:
+        if self._stopped:
             return False
+        if name in self._leaving:
+            if name not in self._freeing:
+                return False
+            self._wanted_again.add(name)
+            return True
         chunks = self._carried.get(name) if name in self._wanted else []
         self._wanted.add(name)
         if (
@@ -186,7 +196,11 @@ class Leases:
 
     def gained(self, name: str, *, resumed: bool = False) -> None:
         """Redis says ``name`` is held here."""
-        if self._stopped or name in self._leaving:
+        if self._stopped:
+            return
+        if name in self._leaving:
+            if name in self._freeing:
+                self._wanted_again.add(name)
             return
         self._elsewhere.pop(name, None)
         self._held.add(name)
@@ -205,6 +219,16 @@ class Leases:
         self.on_leaving(name)
         self.work.set()
 
+    def free(self, name: str) -> None:
+        """Nothing is left to do under ``name`` for now: let it go to no one (:meth:`frees`)."""
+        if name in self._held:
+            self._freeing.add(name)
+            self.let_go(name)
+
+    def frees(self, name: str) -> bool:
+        """``name`` is let go to no one rather than handed on."""
+        return name in self._freeing
+
     def drop_all(self) -> set[str]:
         """Redis no longer says this instance holds anything (it was taken for dead): stop all work, hand
         nothing on. Returns what was held."""
@@ -212,6 +236,8 @@ class Leases:
         for name in list(self._held):
             self.let_go(name)
         self._leaving.clear()
+        self._freeing.clear()
+        self._wanted_again.clear()
         return dropped
 
     def releasable(self) -> set[str]:
@@ -220,6 +246,14 @@ class Leases:
 
     def released(self, names: set[str]) -> None:
         self._leaving -= names
+        self._freeing -= names
+        again = self._wanted_again & names
+        self._wanted_again -= names
+        if again and not self._stopped:
+            # Wanted while it was being freed: claimed now that it is free (the work is in Redis).
+            self._wanted |= again
+            self._carried.update(dict.fromkeys(again))
+            self.work.set()
 
     def stop(self) -> None:
         """The daemon stops: let go of everything; nothing is gained any more."""

@@ -4,11 +4,13 @@ to be read back from Redis after the destination's lease is claimed, nor after a
 from __future__ import annotations
 
 import pytest
+import redis
 
 from client.sync import Client
 from testing.local_sites import LocalCluster
 from testing.many_twins import ManyTwinsProcess
 from testing.site_metrics import metric
+from wire import keys
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
@@ -33,6 +35,12 @@ def test_first_messages_to_many_new_twins_are_sent_without_reading_their_queues_
         assert metric(site, "msgbus_send_queue_reads_total") == 0
         per_twin = harness.stats(per_twin=True)["per_twin"]
         assert per_twin == {str(twin): {"received": 2, "answered": 2} for twin in harness.up_ids}
+        # A twin's lease is freed when its sender stops (here, to give its place to another twin): only the
+        # senders still running hold one, not every twin ever sent to.
+        with redis.Redis.from_url(cluster.redis[0].url, decode_responses=True) as conn:
+            owned = set(conn.hkeys(keys.OWNERS))
+        assert {keys.LOCAL_LEASE, keys.REPLY_LEASE, keys.TIMERS_LEASE} <= owned
+        assert len({name for name in owned if name.isdigit()}) <= 20
     finally:
         harness.stop()
         cluster.cleanup()

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
+from msgbusd.site.instance import Instance
 from msgbusd.store.instances import InstanceStore, announcement, read_announcement
 from msgbusd.store.leases import CARRIED_BYTES, Leases, Notice
 from wire import keys
@@ -109,6 +110,47 @@ async def test_a_lease_goes_only_once_its_work_is_done() -> None:
     # While it is being handed on, work wanting it waits for its next holder instead of claiming it back.
     leases.want("7")
     assert leases.take_claims() == (set(), set(), {})
+
+
+async def test_a_freed_lease_wanted_again_is_claimed_once_it_is_free() -> None:
+    leases = Leases("a")
+    leases.gained("7")
+    leases.gained("8")
+    leases.free("7")
+    leases.let_go("8")
+    assert not leases.holds("7") and leases.frees("7") and not leases.frees("8")
+    # Work for a lease being freed is kept (True), unlike work for one being handed on.
+    assert leases.want("7") and not leases.want("8")
+    # Claimed meanwhile (told by another instance), it is still ours to free first.
+    leases.gained("7")
+    assert not leases.holds("7")
+    assert leases.take_claims() == (set(), set(), {})
+    leases.released(leases.releasable())
+    assert not leases.frees("7")
+    assert leases.take_claims() == ({"7"}, set(), {})
+
+
+async def test_a_freed_lease_goes_to_no_one_while_a_lease_let_go_goes_to_another_instance(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    for name in ("a", "b"):
+        await store.heartbeat(name, {}, 60)
+    await store.claim("a", {"7": "a", "8": "a"}, LEASE_S, "none")
+    leases = Leases("a")
+    instance = Instance(store, leases, lease_s=LEASE_S, queues=[], pending=no_destinations)
+    instance.live = ["a", "b"]
+    leases.gained("7")
+    leases.gained("8")
+    leases.free("7")
+    leases.let_go("8")
+    await instance.settle_claims()
+    assert await async_redis.hgetall(keys.OWNERS) == {b"8": b"b"}
+    assert not leases.frees("7")
+
+
+async def no_destinations() -> list[int]:
+    return []
 
 
 async def test_work_under_a_lease_runs_while_it_is_held_and_stops_when_it_goes() -> None:
