@@ -44,6 +44,8 @@ class DeliveryError(MsgbusError):
     ``retry_after_s`` is set when the site answered 503 with ``Retry-After``: it is up but cannot take
     messages now (its Redis is away); sending again after that long is no new attempt. ``attempted`` is
     False for messages of a send that stopped before their turn because the peer had stopped answering.
+    ``waits_for_uplink``: the twin is reached over the uplink it opens to this site, and none is open; what
+    waits for it is sent when one opens (no attempt is spent meanwhile).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class DeliveryError(MsgbusError):
         final: bool = False,
         retry_after_s: float | None = None,
         attempted: bool = True,
+        waits_for_uplink: bool = False,
     ) -> None:
         super().__init__(cause)
         self.cause = cause
@@ -63,6 +66,7 @@ class DeliveryError(MsgbusError):
         self.final = final
         self.retry_after_s = retry_after_s
         self.attempted = attempted
+        self.waits_for_uplink = waits_for_uplink
         self.kind: DeliveryErrorKind = kind or ("unreachable" if offline else "other")
 
     def not_attempted(self) -> DeliveryError:
@@ -73,6 +77,7 @@ class DeliveryError(MsgbusError):
             kind=self.kind,
             retry_after_s=self.retry_after_s,
             attempted=False,
+            waits_for_uplink=self.waits_for_uplink,
         )
 
 

@@ -209,7 +209,8 @@ class SiteProcess:
     listen_host: str = "127.0.0.1"
     extra_args: Sequence[str] = ()
     log_path: Path | None = None
-    # What the twin map says to reach this site (e.g. a proxy in front of it); default: its own port.
+    # What the twin map says to reach this site (e.g. a proxy in front of it; "": it cannot be dialed);
+    # default: its own port.
     advertised_address: str | None = None
     # Look twins up there (``--substrate``: chain or HTTP twin source) instead of in ``twins_file``.
     twin_source: str | None = None
@@ -221,7 +222,7 @@ class SiteProcess:
 
     @property
     def address(self) -> str:
-        return self.advertised_address or f"127.0.0.1:{self.port}"
+        return f"127.0.0.1:{self.port}" if self.advertised_address is None else self.advertised_address
 
     @property
     def url(self) -> str:

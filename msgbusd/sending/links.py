@@ -13,6 +13,10 @@ Every frame is one JSON object in a binary WebSocket message::
     either way       {"op": "send", "id": N, "messages": [{"path": "/zbus-remote", "envelope": {...}}, ...]}
     either way       {"op": "ack", "id": N, "results": [{"status": 200}, {"status": 400, "message": "..."}]}
 
+An opener that keeps the link up so that the site can reach it (``msgbusd --uplink TWIN``: an edge that
+cannot be dialed) says so in its hello (``"uplink": true``): the site then sends everything for that twin
+over it, requests too, and keeps what waits for the twin in its send queue while no uplink is open.
+
 ``hello`` is signed by the opener's twin key over (C, S, the site's nonce) and ``welcome`` by the site's
 over (S, C, the opener's nonce), both checked against the resolver: nobody can open a link in another
 twin's name and collect its replies, nor pose as the twin we meant to reach. A refused handshake closes
@@ -50,9 +54,10 @@ from msgbusd.reports.logs import about
 from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, ServerSocket, Socket
+from msgbusd.store.leases import first_set
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin
-from wire.backoff import sleep_unless
+from wire.backoff import Backoff, sleep_unless
 from wire.error_texts import too_large_text
 
 log = logging.getLogger("msgbusd.links")
@@ -71,6 +76,10 @@ FLAPPING_WINDOW_S = 60.0
 FLAPPING_POSTS_S = 60.0
 # Idle links are looked for this often at most.
 IDLE_CHECK_S = 10.0
+# An uplink that broke, or could not be opened, is dialed again after these delays.
+UPLINK_REDIAL = Backoff(base_s=0.25, max_s=5.0)
+# A sender waiting for a twin's uplink looks again this often (it is woken at once when the uplink opens).
+UPLINK_WAIT_S = 30.0
 
 # What an inbound frame's envelopes get: one result per message, {"status": 200} or status and message.
 Answer = Callable[[int, list[Any]], Awaitable[list[dict[str, Any]]]]
@@ -106,10 +115,15 @@ class Link:
         *,
         opened_here: bool,
         peer_max_bytes: int,
+        uplink: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.peer = peer
         self.opened_here = opened_here
+        # Kept open by the edge end so that the other end can reach it: never closed for being idle.
+        self.uplink = uplink
+        # Set once the link is closed and its reader has ended.
+        self.ended = asyncio.Event()
         self._clock = clock
         # When a frame last went either way (pings do not count).
         self.used_at = clock()
@@ -275,9 +289,16 @@ class Links:
         max_frame_bytes: int,
         idle_s: float = 300.0,
         max_links: int = 4096,
+        uplinks: Sequence[int] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._twin = twin
+        # The twins this site keeps an uplink to (--uplink), and those that opened one to it in this run:
+        # the latter are reached over their uplink only.
+        self.uplinks = tuple(uplinks)
+        self._uplinked: set[int] = set()
+        # Called with the twin whose uplink to this site just opened.
+        self.on_uplink: Callable[[int], None] = _ignore_uplink
         self.idle_s = idle_s
         self.max_links = max_links
         self._signer = signer
@@ -310,7 +331,11 @@ class Links:
         """Close the links that carried nothing for ``idle_s`` (either end's: the peer opens one again
         when it has work); returns how many."""
         now = self._clock()
-        idle = [link for link in self._all_open() if not link.busy and now - link.used_at >= self.idle_s]
+        idle = [
+            link
+            for link in self._all_open()
+            if not link.busy and not link.uplink and now - link.used_at >= self.idle_s
+        ]
         for link in idle:
             log.info("closing the link with twin %s: idle", link.peer, extra=about(twin=link.peer))
             await link.retire(f"idle for {self.idle_s:g}s")
@@ -337,13 +362,27 @@ class Links:
         Requests go over a link this site opened, to the address the resolver gives for the twin. Replies
         go back over the link the twin opened (the one their requests came on) while it is open."""
         link = self._current(twin_id, replies_only)
-        if link is not None or not open_new or self._posts_until.get(twin_id, 0.0) > self._clock():
+        if link is not None:
             return link
+        if await self.reached_by_uplink(twin_id):
+            raise DeliveryError(
+                f"twin {twin_id} is reached over the uplink it opens to this site, and none is open",
+                kind="unreachable",
+                retry_after_s=UPLINK_WAIT_S,
+                attempted=False,
+                waits_for_uplink=True,
+            )
+        # An uplink is kept as a link whatever happened to the ones before.
+        keeps_uplink = twin_id in self.uplinks
+        if not open_new or (not keeps_uplink and self._posts_until.get(twin_id, 0.0) > self._clock()):
+            return None
         lock = self._opening.setdefault(twin_id, asyncio.Lock())
         async with lock:
             link = self._current(twin_id, replies_only)
-            if link is not None or self._posts_until.get(twin_id, 0.0) > self._clock():
+            if link is not None:
                 return link
+            if not keeps_uplink and self._posts_until.get(twin_id, 0.0) > self._clock():
+                return None
             twin, url = await self._link_url(twin_id)
             origin = _origin(url)
             if self._no_links_until.get(origin, 0.0) > self._clock():
@@ -385,7 +424,7 @@ class Links:
         await websocket.accept()
         socket = ServerSocket(websocket)
         try:
-            peer, peer_max_bytes = await asyncio.wait_for(self._greet(socket), self.timeout_s)
+            peer, peer_max_bytes, uplink = await asyncio.wait_for(self._greet(socket), self.timeout_s)
         except (TimeoutError, _Refused, LinkClosed) as exc:
             reason = str(exc) if isinstance(exc, _Refused) else "no handshake in time"
             if not isinstance(exc, LinkClosed):
@@ -396,11 +435,91 @@ class Links:
             await socket.close(1001, "the site is stopping")
             return
         link = Link(
-            peer, socket, self._answer, opened_here=False, peer_max_bytes=peer_max_bytes, clock=self._clock
+            peer,
+            socket,
+            self._answer,
+            opened_here=False,
+            peer_max_bytes=peer_max_bytes,
+            uplink=uplink,
+            clock=self._clock,
         )
         await self._adopt(link)
-        log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
+        if uplink:
+            self._uplinked.add(peer)
+            log.info("twin %s opened its uplink to this site", peer, extra=about(twin=peer))
+            self.on_uplink(peer)
+        else:
+            log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
         await self._read(link)
+
+    async def keep_uplinks(self, stopping: asyncio.Event) -> None:
+        """Keep a link open to each twin of ``uplinks`` until ``stopping``: dial it, and dial again when it
+        breaks or cannot be opened."""
+        async with asyncio.TaskGroup() as group:
+            for twin_id in self.uplinks:
+                group.create_task(self._keep_uplink(twin_id, stopping), name=f"uplink to twin {twin_id}")
+
+    async def _keep_uplink(self, twin_id: int, stopping: asyncio.Event) -> None:
+        failures = 0
+        while not stopping.is_set() and not self._closing:
+            try:
+                link = await self.link_to(twin_id)
+                cause = f"the site of twin {twin_id} takes no links"
+            except DeliveryError as exc:
+                link, cause = None, exc.cause
+            except Exception as exc:
+                log.exception("opening the uplink to twin %s failed", twin_id, extra=about(twin=twin_id))
+                link, cause = None, str(exc)
+            if link is not None:
+                log.info("uplink to twin %s is open", twin_id, extra=about(twin=twin_id))
+                failures = 0
+                await first_set(link.ended, stopping)
+                if stopping.is_set() or self._closing:
+                    return
+                cause = f"closed: {link.closed_reason}"
+            failures += 1
+            delay_s = UPLINK_REDIAL.delay_s(failures)
+            log.warning(
+                "uplink to twin %s: %s; dialing again in %.1fs",
+                twin_id,
+                cause,
+                delay_s,
+                extra=about(twin=twin_id),
+            )
+            await sleep_unless(stopping, delay_s)
+
+    def uplinks_report(self) -> list[dict[str, Any]]:
+        """The uplinks this site keeps and those opened to it: twin, direction, open or not."""
+        kept = [
+            {"twin": twin_id, "direction": "out", "open": self._uplink(twin_id, opened_here=True) is not None}
+            for twin_id in self.uplinks
+        ]
+        taken = [
+            {"twin": twin_id, "direction": "in", "open": self._uplink(twin_id, opened_here=False) is not None}
+            for twin_id in sorted(self._uplinked)
+        ]
+        return kept + taken
+
+    def current_uplink(self, twin_id: int) -> Link | None:
+        """The open uplink ``twin_id`` opened to this site, if any."""
+        return self._uplink(twin_id, opened_here=False)
+
+    def _uplink(self, twin_id: int, *, opened_here: bool) -> Link | None:
+        for link in self._links.get(twin_id, ()):
+            if link.is_open and link.uplink and link.opened_here == opened_here:
+                return link
+        return None
+
+    async def reached_by_uplink(self, twin_id: int) -> bool:
+        """``twin_id`` opened an uplink to this site (in this run), or has no address: it is reached over
+        its uplink, and nothing is sent to it while none is open."""
+        if twin_id in self._uplinked:
+            return True
+        try:
+            twin = await self._resolver.get_twin(twin_id)
+        except ResolverError:
+            return False
+        return not twin.address.strip()
 
     async def aclose(self) -> None:
         """Close every link (the daemon stops); their readers end."""
@@ -415,6 +534,9 @@ class Links:
         links = [link for link in self._links.get(twin_id, ()) if link.is_open]
         if not links:
             return None
+        uplinks = [link for link in links if link.uplink and not link.opened_here]
+        if uplinks:
+            return uplinks[-1]
         ours = [link for link in links if link.opened_here]
         theirs = [link for link in links if not link.opened_here]
         if replies_only and theirs:
@@ -429,7 +551,7 @@ class Links:
 
     async def _make_room(self) -> None:
         """Close the least recently used link that is not carrying anything now."""
-        idle = [link for link in self._all_open() if not link.busy]
+        idle = [link for link in self._all_open() if not link.busy and not link.uplink]
         if not idle:
             return
         oldest = min(idle, key=lambda link: link.used_at)
@@ -462,6 +584,7 @@ class Links:
                 link.closed_reason,
                 extra=about(twin=link.peer),
             )
+            link.ended.set()
             if link.opened_here and not self._closing and not link.retired:
                 self._broke(link.peer, link.closed_reason or "closed")
 
@@ -529,7 +652,13 @@ class Links:
             raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
         log.info("opened a link to twin %s at %s", twin_id, url, extra=about(twin=twin_id))
         return Link(
-            twin_id, socket, self._answer, opened_here=True, peer_max_bytes=peer_max_bytes, clock=self._clock
+            twin_id,
+            socket,
+            self._answer,
+            opened_here=True,
+            peer_max_bytes=peer_max_bytes,
+            uplink=twin_id in self.uplinks,
+            clock=self._clock,
         )
 
     async def _introduce(self, socket: Socket, twin_id: int, public_key: bytes) -> int:
@@ -543,7 +672,9 @@ class Links:
         nonce = os.urandom(16).hex()
         their_nonce = str(challenge.get("nonce", ""))
         sig = self._signer.sign_digest(handshake_digest(self._twin, twin_id, their_nonce)).hex()
-        hello = {"op": "hello", "twin": self._twin, "nonce": nonce, "sig": sig}
+        hello: dict[str, Any] = {"op": "hello", "twin": self._twin, "nonce": nonce, "sig": sig}
+        if twin_id in self.uplinks:
+            hello["uplink"] = True
         await socket.send(orjson.dumps({**hello, "max_bytes": self.max_frame_bytes}))
         welcome = _frame(await socket.receive(), "welcome", socket)
         try:
@@ -553,9 +684,9 @@ class Links:
             raise LinkClosed(f"the site there is not twin {twin_id}: {exc.message}", refused=True) from exc
         return _max_bytes(challenge, self.max_frame_bytes)
 
-    async def _greet(self, socket: Socket) -> tuple[int, int]:
-        """The site's half of the handshake: the opener's twin, once it proved it holds that twin's key, and
-        the largest envelope the opener takes."""
+    async def _greet(self, socket: Socket) -> tuple[int, int, bool]:
+        """The site's half of the handshake: the opener's twin, once it proved it holds that twin's key, the
+        largest envelope the opener takes, and whether it opens the link as its uplink."""
         nonce = os.urandom(16).hex()
         challenge = {"op": "challenge", "twin": self._twin, "nonce": nonce, "max_bytes": self.max_frame_bytes}
         await socket.send(orjson.dumps(challenge))
@@ -575,7 +706,7 @@ class Links:
             raise _Refused(f"not signed by twin {peer}: {exc.message}") from exc
         sig = self._signer.sign_digest(handshake_digest(self._twin, peer, str(hello.get("nonce", "")))).hex()
         await socket.send(orjson.dumps({"op": "welcome", "sig": sig}))
-        return peer, _max_bytes(hello, self.max_frame_bytes)
+        return peer, _max_bytes(hello, self.max_frame_bytes), hello.get("uplink") is True
 
 
 async def send_envelopes(
@@ -638,3 +769,7 @@ def _frame(data: bytes | None, op: str, socket: Socket) -> dict[str, Any]:
     if not isinstance(frame, dict) or frame.get("op") != op:
         raise LinkClosed(f"expected {op}", refused=True)
     return frame
+
+
+def _ignore_uplink(twin_id: int) -> None:
+    pass

@@ -47,15 +47,15 @@ from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import Metrics
 from msgbusd.reports.peer_activity import PeerActivityLog
 from msgbusd.sending.health import HealthState, PeerHealth, ProbePace, probe_backoff
-from msgbusd.sending.links import Links, send_envelopes
+from msgbusd.sending.links import UPLINK_WAIT_S, Links, send_envelopes
 from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import Schedule
 from msgbusd.sending.send_items import SendItem, SendItems
-from msgbusd.store.leases import Leases
+from msgbusd.store.leases import Leases, first_set
 from msgbusd.store.queues import Store
 from wire import event_schema as ev
-from wire.backoff import REDIS_RECONNECT, sleep_unless
+from wire.backoff import REDIS_RECONNECT
 
 log = logging.getLogger("msgbusd.peers")
 
@@ -183,6 +183,10 @@ class Peer:
         self._sent_at = -math.inf
         # The running sender holds one of the site's sender places for peers that answer.
         self.has_place = False
+        # Set when the twin's uplink to this site opens: a sender waiting for it stops waiting.
+        self.uplink_opened = asyncio.Event()
+        # Waiting for the twin to open its uplink (said once in the log).
+        self.waits_for_uplink = False
 
     # --- the sender --------------------------------------------------------------------------------------
 
@@ -228,7 +232,8 @@ class Peer:
             return await self._while_down(lane)
         if lane.paused_until > time.monotonic():
             lane.distrust()
-            await self._pause(lane.paused_until - time.monotonic())
+            if await self._pause(lane.paused_until - time.monotonic()):
+                lane.paused_until = 0.0
             return True
         if lane.trusted and lane.fresh:
             async with self._peers.turns:
@@ -301,6 +306,9 @@ class Peer:
         for index, (item, error) in enumerate(zip(items, results, strict=True)):
             if error is None:
                 continue
+            if error.waits_for_uplink:
+                self._wait_for_uplink(lane, error)
+                return entries.index(item.entry), replies
             if error.retry_after_s is not None:
                 log.info(
                     "twin %s cannot take messages now (%s); sending again in %.1fs",
@@ -389,7 +397,7 @@ class Peer:
         # Probes have turns of their own: a probe of a site that swallows packets waits out its timeout, and
         # peers that are down must not hold back the sends to the others.
         async with self._peers.probe_turns:
-            error = await self._peers.posts.probe(self.twin)
+            error = await self._probe()
             self._peers.metrics.message("probed")
         if error is not None:
             self._peers.activity.failed(self.twin, error.cause)
@@ -403,6 +411,31 @@ class Peer:
                 return True
             self._went_down(error)
             return await self._settle(lane, probed=True)
+
+    async def _probe(self) -> DeliveryError | None:
+        """Whether the peer answers (None) or why not; a twin reached over its uplink answers once its
+        uplink is open."""
+        links = self._peers.links
+        if links is not None and await links.reached_by_uplink(self.twin):
+            if links.current_uplink(self.twin) is not None:
+                return None
+            return DeliveryError(
+                f"twin {self.twin} is reached over the uplink it opens to this site, and none is open",
+                retry_after_s=UPLINK_WAIT_S,
+                attempted=False,
+                waits_for_uplink=True,
+            )
+        return await self._peers.posts.probe(self.twin)
+
+    def _wait_for_uplink(self, lane: Lane, error: DeliveryError) -> None:
+        """Nothing is sent to the twin until its uplink opens (or a while has passed); no attempt is spent
+        meanwhile, and the sender gives its place to others."""
+        if not self.waits_for_uplink:
+            self.waits_for_uplink = True
+            log.info("holding messages to twin %s: %s", self.twin, error.cause, extra=about(dst=self.twin))
+        self._peers.activity.failed(self.twin, error.cause)
+        self._peers.leave_place(self)
+        lane.paused_until = time.monotonic() + (error.retry_after_s or UPLINK_WAIT_S)
 
     async def _settle(self, lane: Lane, *, probed: bool) -> bool:
         """The bookkeeping of a peer that stays down, in as few round trips as what changed needs: after a
@@ -448,9 +481,19 @@ class Peer:
                 extra=about(dst=self.twin),
             )
 
-    async def _pause(self, delay_s: float) -> None:
-        """Wait ``delay_s``, or until the daemon stops."""
-        await sleep_unless(self._peers.stopping, max(delay_s, 0.01))
+    async def _pause(self, delay_s: float) -> bool:
+        """Wait ``delay_s``, or until the daemon stops or the twin's uplink opens; True in the last case."""
+        if not self.uplink_opened.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(delay_s, 0.01)):
+                    await first_set(self._peers.stopping, self.uplink_opened)
+        if not self.uplink_opened.is_set():
+            return False
+        self.uplink_opened.clear()
+        if self.waits_for_uplink:
+            self.waits_for_uplink = False
+            log.info("twin %s's uplink is open; sending what waited", self.twin, extra=about(dst=self.twin))
+        return True
 
 
 class Peers:
@@ -620,6 +663,17 @@ class Peers:
         peer = self._peers.setdefault(dst, Peer(dst, self))
         peer.health.unknown()
         self.kick(dst)
+
+    def uplink_opened(self, dst: int) -> None:
+        """``dst`` opened its uplink to this site: what waits for it goes now, without waiting for a probe."""
+        peer = self._peers.get(dst)
+        if peer is None:
+            return
+        if peer.health.is_down:
+            peer.health.busy(0.0)
+        peer.uplink_opened.set()
+        if peer.lane is not None:
+            peer.lane.wake.set()
 
     def wake(self, dst: int) -> None:
         """Have ``dst``'s sender look again at once (its lease is going)."""

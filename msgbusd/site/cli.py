@@ -203,6 +203,14 @@ def site_settings(
             min=1, help="Links open at once at most; the least recently used one is closed to open another."
         ),
     ] = 4096,
+    uplink: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=1,
+            help="Keep a link open to this twin's site (repeatable), dialed again when it breaks: that site "
+            "sends everything for this twin over it, so this site needs no address it can be dialed at.",
+        ),
+    ] = None,
     max_message_size: Annotated[
         int,
         typer.Option(
@@ -280,6 +288,11 @@ def site_settings(
             "missing --mnemonics (or the MSGBUS_MNEMONICS environment variable, or --mnemonics-file)"
         )
     host, port = parse_listen(listen)
+    uplinks = tuple(dict.fromkeys(uplink or ()))
+    if uplinks and not links:
+        raise typer.BadParameter("--uplink needs links (drop --no-links)")
+    if twin in uplinks:
+        raise typer.BadParameter(f"--uplink {twin} is this site's own twin")
     settings = Settings(
         mnemonics=mnemonics,
         key_type=key_type,
@@ -307,6 +320,7 @@ def site_settings(
         link_ping_s=link_ping,
         link_idle_s=link_idle,
         max_links=max_links,
+        uplinks=uplinks,
         link_after=link_after,
         max_message_bytes=max_message_size,
         rate_limit=rate_limit,

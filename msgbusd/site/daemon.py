@@ -262,6 +262,8 @@ class Daemon:
             group.create_task(release_free_memory_until(stopping), name="free memory")
             if site.links is not None:
                 group.create_task(site.links.close_idle_until(stopping), name="idle links")
+                if site.links.uplinks:
+                    group.create_task(site.links.keep_uplinks(stopping), name="uplinks")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             if self._metrics_sock is not None:
                 reports = Starlette(routes=self._report_routes(lambda app: app))
@@ -449,6 +451,7 @@ async def open_site(
             ping_s=settings.link_ping_s,
             idle_s=settings.link_idle_s,
             max_links=settings.max_links,
+            uplinks=settings.uplinks,
             max_frame_bytes=max_body_bytes,
         )
     peers = Peers(
@@ -469,6 +472,8 @@ async def open_site(
         metrics=metrics,
         events=events,
     )
+    if links is not None:
+        links.on_uplink = peers.uplink_opened
 
     _send_when_held(leases, peers)
     handlers = Handlers(store, items, twin, peers.kick_all, clock, metrics, events)

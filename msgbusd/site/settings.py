@@ -73,6 +73,8 @@ class Settings:
     # links are open at once, the least recently used one closed first (each holds a socket).
     link_idle_s: float = 300.0
     max_links: int = 4096
+    # The twins this site keeps a link open to, for their sites to reach it (it cannot be dialed).
+    uplinks: tuple[int, ...] = ()
     # A link to a twin is opened once this many messages go to it at once, or when it is sent one within
     # 10 s of the last; until then (one message now and then) they go in POSTs.
     link_after: int = 2

@@ -163,6 +163,8 @@ def test_port_in_use(twins_file: Path, redis_url: str, flag: str) -> None:
         (["--mqtt", "mqtt://127.0.0.1:1883"], "--mqtt is for edge sites: give --router-cloud too"),
         (["--router-cloud", "cloud", "--mqtt", "127.0.0.1:1883"], "'127.0.0.1:1883' is not mqtt://HOST:PORT"),
         (["--router-listen", "9443"], "'9443' is not HOST:PORT"),
+        (["--twin", "1", "--uplink", "1"], "--uplink 1 is this site's own twin"),
+        (["--uplink", "2", "--no-links"], "--uplink needs links (drop --no-links)"),
     ],
 )
 def test_router_flags_are_checked(twins_file: Path, args: list[str], message: str) -> None:

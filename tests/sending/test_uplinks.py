@@ -1,0 +1,112 @@
+"""Uplinks between real sites: a site that cannot be dialed (no address in the twin map) keeps a link open to
+a cloud site (``--uplink``), and the cloud reaches it over that link only, holding what waits for it while
+the link is down, without spending its tries."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from testing.local_sites import LocalCluster, SiteProcess, wait_until
+from tests.support.metrics import scrape
+from tests.support.services import RawService, push_request
+from wire.envelope import Envelope
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(150)]
+
+CLOUD, EDGE = 1, 2
+EACH_WAY = 200
+
+
+class Answers:
+    """Collects the replies on many return queues of one site."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = redis.Redis.from_url(url)
+        self.lock = threading.Lock()
+        self.rets: dict[str, bytes] = {}
+        self.replies: dict[str, list[Envelope]] = {}
+        self.answered_at: dict[str, float] = {}
+
+    def push(self, dst: int, cmd: str, payload: bytes, retries: int = 8) -> str:
+        ret = push_request(self.conn, [dst], cmd, payload, exp=90, retries=retries)
+        with self.lock:
+            self.rets[ret] = payload
+        return ret
+
+    def collect(self) -> None:
+        with self.lock:
+            waiting = [ret for ret in self.rets if ret not in self.replies]
+        for start in range(0, len(waiting), 100):
+            item = self.conn.blpop(waiting[start : start + 100], timeout=0.05)
+            if item is not None:
+                ret = item[0].decode()
+                self.replies.setdefault(ret, []).append(Envelope.decode(item[1]))
+                self.answered_at.setdefault(ret, time.monotonic())
+
+    def done(self) -> bool:
+        self.collect()
+        return len(self.replies) == len(self.rets)
+
+    def extra(self) -> int:
+        """Replies beyond the first of each request, still queued or already taken."""
+        queued = sum(int(self.conn.llen(ret)) for ret in self.rets)
+        return queued + sum(len(replies) - 1 for replies in self.replies.values())
+
+
+def links_open(site: SiteProcess) -> float:
+    return scrape(site.url).get("msgbus_links_open", 0.0)
+
+
+def test_a_site_without_an_address_is_reached_over_its_uplink_and_after_the_cloud_crashes() -> None:
+    cluster = LocalCluster(size=2, extra_args=["--link-after", "1"]).prepare()
+    cloud, edge = cluster.sites
+    edge.advertised_address = ""
+    edge.extra_args = [*edge.extra_args, "--uplink", str(CLOUD)]
+    cluster.launch()
+    to_edge, to_cloud = Answers(cluster.redis[0].url), Answers(cluster.redis[1].url)
+    try:
+        with (
+            RawService(cluster.redis[0].url, "cloud.echo", handler=lambda data: b"cloud:" + data) as at_cloud,
+            RawService(cluster.redis[1].url, "edge.echo", handler=lambda data: b"edge:" + data) as at_edge,
+        ):
+            wait_until(lambda: links_open(cloud) == 1, 20, "the edge's uplink")
+            for n in range(EACH_WAY // 2):
+                to_edge.push(EDGE, "edge.echo", b"a%d" % n)
+                to_cloud.push(CLOUD, "cloud.echo", b"a%d" % n)
+            wait_until(lambda: to_edge.done() and to_cloud.done(), 60, "the first half answered")
+
+            # The cloud crashes; what is pushed meanwhile waits in either site's Redis. The requests to the
+            # edge have one try: none is spent while its uplink is not open again.
+            cloud.kill()
+            for n in range(EACH_WAY // 2, EACH_WAY):
+                to_edge.push(EDGE, "edge.echo", b"b%d" % n, retries=1)
+                to_cloud.push(CLOUD, "cloud.echo", b"b%d" % n)
+            cloud.start()
+            restarted_at = time.monotonic()
+            wait_until(lambda: to_edge.done() and to_cloud.done(), 90, "every request answered")
+            time.sleep(1.0)  # a second reply would come soon after the first
+            to_edge.collect()
+            to_cloud.collect()
+        extra = (to_edge.extra(), to_cloud.extra())
+        log = cloud.log()
+    finally:
+        cluster.cleanup()
+
+    for answers, prefix in ((to_edge, b"edge:"), (to_cloud, b"cloud:")):
+        got = {ret: (replies[0].err, replies[0].payload) for ret, replies in answers.replies.items()}
+        assert got == {ret: ("", prefix + payload) for ret, payload in answers.rets.items()}
+    assert extra == (0, 0)
+    # Executed once each, nothing lost.
+    assert sorted(at_edge.payloads.values()) == [1] * EACH_WAY
+    assert sorted(at_cloud.payloads.values()) == [1] * EACH_WAY
+    # The cloud reached the edge over its uplink only (it has no address to dial) and, once started again,
+    # within seconds.
+    assert "opened its uplink" in log
+    assert "unusable address" not in log
+    first_after = min(at for ret, at in to_edge.answered_at.items() if to_edge.rets[ret].startswith(b"b"))
+    print(f"the edge answered again {first_after - restarted_at:.1f}s after the cloud was started again")
+    assert first_after - restarted_at <= 10.0
