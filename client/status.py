@@ -141,6 +141,18 @@ class PeerView:
 
 
 @dataclass(frozen=True)
+class UplinkView:
+    """A link kept open by an edge so that the other site can reach it: ``direction`` "out" for the ones
+    this site keeps (``--uplink``), "in" for those twins opened to it; ``since``: when it last opened or
+    closed (None: not tried yet)."""
+
+    twin: int
+    direction: str
+    open: bool
+    since: float | None = None
+
+
+@dataclass(frozen=True)
 class DaemonView:
     """What the daemon reported."""
 
@@ -153,6 +165,7 @@ class DaemonView:
     links_open: int
     peers: tuple[PeerView, ...]
     traffic: Traffic
+    uplinks: tuple[UplinkView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -361,6 +374,15 @@ def parse_report(report: dict[str, Any]) -> DaemonView:
             for peer in report["peers"]
         ),
         traffic=Traffic.from_json(traffic),
+        uplinks=tuple(
+            UplinkView(
+                twin=int(uplink["twin"]),
+                direction=str(uplink["direction"]),
+                open=bool(uplink["open"]),
+                since=optional_number(uplink.get("since")),
+            )
+            for uplink in report.get("uplinks", [])
+        ),
     )
 
 

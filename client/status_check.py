@@ -48,7 +48,12 @@ def assess(status: SiteStatus) -> Verdict:
             f"the daemon does not answer ({status.daemon_error}): nothing is sent, received or delivered "
             "at this site until it is back"
         )
-    degraded = [*_daemon_problems(status), *_peer_problems(status), *_redis_problems(status)]
+    degraded = [
+        *_daemon_problems(status),
+        *_uplink_problems(status),
+        *_peer_problems(status),
+        *_redis_problems(status),
+    ]
     code = UNREACHABLE if unreachable else DEGRADED if degraded else HEALTHY
     return Verdict(code, (*unreachable, *degraded))
 
@@ -63,6 +68,26 @@ def _daemon_problems(status: SiteStatus) -> list[str]:
             f"the daemon is twin {daemon.twin} but this Redis was last used by twin {redis.twin}: "
             "--site and --redis name different sites"
         )
+    return problems
+
+
+def _uplink_problems(status: SiteStatus) -> list[str]:
+    """An uplink that is closed: this site cannot be reached by that twin's site, or that twin by this one."""
+    if status.daemon is None:
+        return []
+    queued = status.redis.send_queues if status.redis is not None else {}
+    problems = []
+    for uplink in status.daemon.uplinks:
+        if uplink.open:
+            continue
+        since = f" for {format_duration(status.checked_at - uplink.since)}" if uplink.since else ""
+        waiting = f"; {queued[uplink.twin]} message(s) wait for it" if queued.get(uplink.twin) else ""
+        if uplink.direction == "out":
+            problems.append(
+                f"the uplink to twin {uplink.twin} is closed{since}: its site cannot reach this one"
+            )
+        else:
+            problems.append(f"twin {uplink.twin}'s uplink is closed{since}{waiting}")
     return problems
 
 

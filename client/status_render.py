@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import IO
 
-from client.status import DaemonView, PeerView, RedisView, SiteStatus
+from client.status import DaemonView, PeerView, RedisView, SiteStatus, UplinkView
 from client.status_check import DEGRADED, HEALTHY, Verdict, format_duration
 
 RESET = "\033[0m"
@@ -40,7 +40,7 @@ def to_json(status: SiteStatus, verdict: Verdict) -> dict[str, object]:
     daemon, redis = status.daemon, status.redis
     daemon_fields: dict[str, object] = {}
     if daemon is not None:
-        daemon_fields = {k: v for k, v in asdict(daemon).items() if k not in ("peers", "traffic")}
+        daemon_fields = {k: v for k, v in asdict(daemon).items() if k not in ("peers", "traffic", "uplinks")}
     return {
         "status": verdict.word,
         "exit_code": verdict.exit_code,
@@ -59,6 +59,7 @@ def to_json(status: SiteStatus, verdict: Verdict) -> dict[str, object]:
             **(asdict(redis) if redis is not None else {}),
         },
         "peers": [asdict(peer) for peer in status.peers],
+        "uplinks": [asdict(uplink) for uplink in daemon.uplinks] if daemon is not None else [],
         "traffic": asdict(daemon.traffic) if daemon is not None else None,
     }
 
@@ -71,6 +72,8 @@ def render_table(status: SiteStatus, verdict: Verdict, *, colour: bool) -> str:
         lines += [*_queue_lines(status.redis, status.checked_at, paint), ""]
     if status.redis is not None and status.redis.instances:
         lines += [*_instance_lines(status.redis, paint), ""]
+    if status.daemon is not None and status.daemon.uplinks:
+        lines += [*_uplink_lines(status, status.daemon.uplinks, paint), ""]
     if status.peers:
         lines += [*_peer_lines(status.peers, status.checked_at, paint), ""]
     if status.daemon is not None:
@@ -191,6 +194,23 @@ def _peer_lines(peers: Sequence[PeerView], now: float, paint: Paint) -> list[str
         header,
         *(text for line, error in zip(lines, errors, strict=True) for text in (line, error) if text),
     ]
+
+
+def _uplink_lines(status: SiteStatus, uplinks: Sequence[UplinkView], paint: Paint) -> list[str]:
+    """One row per uplink: kept by this site to another ("out"), or opened to it by an edge ("in"), with
+    what waits here for that twin."""
+    queued = status.redis.send_queues if status.redis is not None else None
+    rows: list[Sequence[Cell]] = [
+        [
+            (str(uplink.twin), ""),
+            ("this site" if uplink.direction == "out" else "the twin", ""),
+            ("open", GREEN) if uplink.open else ("closed", RED),
+            (_since(uplink.since, status.checked_at) if uplink.since is not None else "-", ""),
+            ("?" if queued is None else str(queued.get(uplink.twin, 0)), ""),
+        ]
+        for uplink in uplinks
+    ]
+    return _table(["uplink", "kept by", "state", "since", "queue"], rows, right=(0, 4), paint=paint)
 
 
 def _traffic_lines(daemon: DaemonView) -> list[str]:

@@ -15,6 +15,7 @@ from client.status import (
     QueueDepth,
     RedisView,
     SiteStatus,
+    UplinkView,
     merge_peers,
     parse_report,
 )
@@ -113,6 +114,7 @@ def test_the_json_is_one_object_with_every_part() -> None:
         "daemon",
         "redis",
         "peers",
+        "uplinks",
         "traffic",
     }
     assert (document["status"], document["exit_code"]) == ("degraded", 1)
@@ -293,3 +295,43 @@ def test_the_daemons_report_is_read_field_by_field() -> None:
 )
 def test_durations_show_two_units_at_most(seconds: float, shown: str) -> None:
     assert format_duration(seconds) == shown
+
+
+def test_uplinks_are_listed_and_a_closed_one_is_a_problem() -> None:
+    uplinks = (
+        UplinkView(5, "out", True, since=NOW - 30),
+        UplinkView(7, "in", False, since=NOW - 90),
+        UplinkView(8, "in", True, since=NOW - 5),
+    )
+    status = site(redis_view(send_queues={7: 12}), daemon_view(uplinks=uplinks))
+    verdict = assess(status)
+    assert verdict.exit_code == DEGRADED
+    assert verdict.problems == ("twin 7's uplink is closed for 1m30s; 12 message(s) wait for it",)
+    table = render_table(status, verdict, colour=False)
+    uplink_table = table[table.index("  uplink") : table.index("  peer ")]
+    assert peer_row(uplink_table, 5).split()[:4] == ["5", "this", "site", "open"]
+    assert peer_row(uplink_table, 7).split()[:4] == ["7", "the", "twin", "closed"]
+    assert peer_row(uplink_table, 7).split()[-1] == "12"
+    kept_out = site(redis_view(), daemon_view(uplinks=(UplinkView(5, "out", False, since=NOW - 3),)))
+    assert assess(kept_out).problems == (
+        "the uplink to twin 5 is closed for 3s: its site cannot reach this one",
+    )
+    document = json.loads(render_json(status, verdict))
+    assert document["uplinks"][1] == {"twin": 7, "direction": "in", "open": False, "since": NOW - 90}
+
+
+def test_a_report_without_uplinks_from_an_older_daemon_is_read() -> None:
+    report = {
+        "twin": 1,
+        "version": "0.1.0",
+        "started_at": NOW,
+        "uptime_s": 1,
+        "problems": [],
+        "inflight": 0,
+        "links_open": 0,
+        "peers": [],
+        "traffic": TRAFFIC.to_json(),
+    }
+    assert parse_report(report).uplinks == ()
+    with_uplinks = {**report, "uplinks": [{"twin": 5, "direction": "out", "open": True, "since": NOW}]}
+    assert parse_report(with_uplinks).uplinks == (UplinkView(5, "out", True, since=NOW),)

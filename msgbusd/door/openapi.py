@@ -71,6 +71,22 @@ STATUS_PEER = {
         "last_error_at": _NUMBER_OR_NULL,
     },
 }
+STATUS_UPLINK = {
+    "type": "object",
+    "properties": {
+        "twin": {"type": "integer"},
+        "direction": {
+            "enum": ["out", "in"],
+            "description": "out: kept by this site to that twin's (--uplink); in: opened to this site by "
+            "that twin",
+        },
+        "open": {"type": "boolean"},
+        "since": {
+            **_NUMBER_OR_NULL,
+            "description": "unix time it last opened or closed; null: not tried yet",
+        },
+    },
+}
 STATUS = {
     "type": "object",
     "properties": {
@@ -82,6 +98,7 @@ STATUS = {
         "inflight": {"type": "integer"},
         "links_open": {"type": "integer"},
         "peers": {"type": "array", "items": STATUS_PEER},
+        "uplinks": {"type": "array", "items": STATUS_UPLINK},
         "traffic": {
             "type": "object",
             "description": "the last minute (or since the start): messages to and from other sites per "

@@ -297,6 +297,8 @@ class Links:
         # the latter are reached over their uplink only.
         self.uplinks = tuple(uplinks)
         self._uplinked: set[int] = set()
+        # When each uplink last opened or closed (unix time), for msgbus status.
+        self._uplink_since: dict[int, float] = {}
         # Called with the twin whose uplink to this site just opened.
         self.on_uplink: Callable[[int], None] = _ignore_uplink
         self.idle_s = idle_s
@@ -446,6 +448,7 @@ class Links:
         await self._adopt(link)
         if uplink:
             self._uplinked.add(peer)
+            self._uplink_since[peer] = time.time()
             log.info("twin %s opened its uplink to this site", peer, extra=about(twin=peer))
             self.on_uplink(peer)
         else:
@@ -472,11 +475,15 @@ class Links:
                 link, cause = None, str(exc)
             if link is not None:
                 log.info("uplink to twin %s is open", twin_id, extra=about(twin=twin_id))
+                self._uplink_since[twin_id] = time.time()
                 failures = 0
                 await first_set(link.ended, stopping)
                 if stopping.is_set() or self._closing:
                     return
                 cause = f"closed: {link.closed_reason}"
+                self._uplink_since[twin_id] = time.time()
+            elif failures == 0:
+                self._uplink_since.setdefault(twin_id, time.time())
             failures += 1
             delay_s = UPLINK_REDIAL.delay_s(failures)
             log.warning(
@@ -489,16 +496,20 @@ class Links:
             await sleep_unless(stopping, delay_s)
 
     def uplinks_report(self) -> list[dict[str, Any]]:
-        """The uplinks this site keeps and those opened to it: twin, direction, open or not."""
-        kept = [
-            {"twin": twin_id, "direction": "out", "open": self._uplink(twin_id, opened_here=True) is not None}
-            for twin_id in self.uplinks
+        """The uplinks this site keeps ("out") and those opened to it ("in"): open or not, and since when
+        (unix time; None: not tried yet)."""
+        return [
+            {
+                "twin": twin_id,
+                "direction": "out" if opened_here else "in",
+                "open": self._uplink(twin_id, opened_here=opened_here) is not None,
+                "since": self._uplink_since.get(twin_id),
+            }
+            for twin_id, opened_here in [
+                *((twin_id, True) for twin_id in self.uplinks),
+                *((twin_id, False) for twin_id in sorted(self._uplinked)),
+            ]
         ]
-        taken = [
-            {"twin": twin_id, "direction": "in", "open": self._uplink(twin_id, opened_here=False) is not None}
-            for twin_id in sorted(self._uplinked)
-        ]
-        return kept + taken
 
     def current_uplink(self, twin_id: int) -> Link | None:
         """The open uplink ``twin_id`` opened to this site, if any."""
@@ -585,6 +596,8 @@ class Links:
                 extra=about(twin=link.peer),
             )
             link.ended.set()
+            if link.uplink and not link.opened_here and self._uplink(link.peer, opened_here=False) is None:
+                self._uplink_since[link.peer] = time.time()
             if link.opened_here and not self._closing and not link.retired:
                 self._broke(link.peer, link.closed_reason or "closed")
 

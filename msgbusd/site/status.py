@@ -57,6 +57,7 @@ class StatusReport:
             "problems": problems,
             "inflight": self.inflight(),
             "links_open": self.links.open_count() if self.links is not None else 0,
+            "uplinks": self.links.uplinks_report() if self.links is not None else [],
             "peers": [peer.to_json() for peer in self.peers.report(ACTIVE_PEERS_S)],
             "traffic": self.traffic.snapshot().to_json(),
         }

@@ -10,6 +10,7 @@ import time
 import pytest
 import redis
 
+from client.status import read_daemon
 from testing.local_sites import LocalCluster, SiteProcess, wait_until
 from tests.support.metrics import scrape
 from tests.support.services import RawService, push_request
@@ -78,10 +79,18 @@ def test_a_site_without_an_address_is_reached_over_its_uplink_and_after_the_clou
                 to_edge.push(EDGE, "edge.echo", b"a%d" % n)
                 to_cloud.push(CLOUD, "cloud.echo", b"a%d" % n)
             wait_until(lambda: to_edge.done() and to_cloud.done(), 60, "the first half answered")
+            # msgbus status shows the uplink at either end.
+            (at_cloud_end,) = read_daemon(cloud.url).uplinks
+            (at_edge_end,) = read_daemon(edge.url).uplinks
+            assert (at_cloud_end.twin, at_cloud_end.direction, at_cloud_end.open) == (EDGE, "in", True)
+            assert (at_edge_end.twin, at_edge_end.direction, at_edge_end.open) == (CLOUD, "out", True)
 
             # The cloud crashes; what is pushed meanwhile waits in either site's Redis. The requests to the
             # edge have one try: none is spent while its uplink is not open again.
             cloud.kill()
+            wait_until(
+                lambda: not read_daemon(edge.url).uplinks[0].open, 20, "the edge to see its uplink closed"
+            )
             for n in range(EACH_WAY // 2, EACH_WAY):
                 to_edge.push(EDGE, "edge.echo", b"b%d" % n, retries=1)
                 to_cloud.push(CLOUD, "cloud.echo", b"b%d" % n)
