@@ -95,6 +95,10 @@ def instance_info(instance: str) -> str:
 # replies pile up) or run the retry and expiry timers (TIMERS_LEASE). A lease held by an instance that is
 # not live is free.
 OWNERS = "msgbus.system.owners"
+# hash: twin id -> the instance of this site its uplink (msgbusd --uplink at that twin's site) is open to.
+# That instance holds the lease of sending to the twin while it is live, whatever rendezvous hashing says: the
+# twin is reached over that link only.
+UPLINKS = "msgbus.system.uplinks"
 LOCAL_LEASE = "local"
 REPLY_LEASE = "reply"
 TIMERS_LEASE = "timers"

@@ -301,6 +301,9 @@ class Links:
         self._uplink_since: dict[int, float] = {}
         # Called with the twin whose uplink to this site just opened.
         self.on_uplink: Callable[[int], None] = _ignore_uplink
+        # Told when a twin's uplink to this site opens (True) or its last one closes (False): the site's
+        # instance that sends to the twin is the one its uplink is open to.
+        self.on_uplink_change: Callable[[int, bool], Awaitable[None]] | None = None
         self.idle_s = idle_s
         self.max_links = max_links
         self._signer = signer
@@ -450,6 +453,7 @@ class Links:
             self._uplinked.add(peer)
             self._uplink_since[peer] = time.time()
             log.info("twin %s opened its uplink to this site", peer, extra=about(twin=peer))
+            await self._tell_uplink_change(peer, opened=True)
             self.on_uplink(peer)
         else:
             log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
@@ -510,6 +514,21 @@ class Links:
                 *((twin_id, False) for twin_id in sorted(self._uplinked)),
             ]
         ]
+
+    async def _tell_uplink_change(self, twin_id: int, *, opened: bool) -> None:
+        if self.on_uplink_change is None:
+            return
+        try:
+            await self.on_uplink_change(twin_id, opened)
+        except Exception as exc:
+            # The lease follows at the next change; meanwhile the instance that holds it waits for an uplink.
+            log.warning(
+                "could not record that the uplink of twin %s %s (%s)",
+                twin_id,
+                "opened" if opened else "closed",
+                exc,
+                extra=about(twin=twin_id),
+            )
 
     def current_uplink(self, twin_id: int) -> Link | None:
         """The open uplink ``twin_id`` opened to this site, if any."""
@@ -598,6 +617,7 @@ class Links:
             link.ended.set()
             if link.uplink and not link.opened_here and self._uplink(link.peer, opened_here=False) is None:
                 self._uplink_since[link.peer] = time.time()
+                await self._tell_uplink_change(link.peer, opened=False)
             if link.opened_here and not self._closing and not link.retired:
                 self._broke(link.peer, link.closed_reason or "closed")
 

@@ -491,7 +491,7 @@ async def open_site(
         max_message_bytes=max_body_bytes,
         rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
     )
-    return Site(
+    site = Site(
         settings=settings,
         twin=twin,
         redis=redis,
@@ -520,6 +520,9 @@ async def open_site(
         ),
         leases=leases,
     )
+    if links is not None:
+        links.on_uplink_change = site.instance.uplink_changed
+    return site
 
 
 def _describe(settings: Settings, metrics: Metrics) -> dict[str, str]:

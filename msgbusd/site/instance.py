@@ -9,6 +9,8 @@ taking over an instance that died.
   timers) goes to the live instance that rendezvous hashing picks for it, so the work spreads and moves as
   little as possible when an instance comes or goes. A lease whose instance is not the pick is handed on
   once nothing uses it.
+- A twin that keeps an uplink to this site (``msgbusd --uplink`` at its site) is reached over that link only:
+  the lease of sending to it goes to the instance the link is open to, while that instance is live.
 - Work that comes up for a lease held elsewhere is announced to its holder on the holder's wake channel,
   carrying the work itself when it is small (the holder then sends it from memory instead of reading it
   back). Each instance also looks over the waiting destinations every few seconds, so a lost announcement
@@ -81,6 +83,9 @@ class Instance:
         self._beating_since: float | None = None
         self._next_sweep = 0.0
         self._processes: dict[str, ProcessInfo | None] = {}
+        # Leases that go to a given instance while it is live (a twin's sending, to the instance its uplink
+        # is open to), read at each beat.
+        self.preferred: dict[str, str] = {}
 
     # --- joining and leaving -----------------------------------------------------------------------------
 
@@ -103,7 +108,7 @@ class Instance:
         self._leases.stop()
         others = [instance for instance in self.live if instance != self.id]
         names = self._leases.releasable()
-        successors = {name: pick(name, others) if others else "" for name in names}
+        successors = {name: self._pick(name, others) if others else "" for name in names}
         try:
             await self._store.hand_over(self.id, successors)
             await self._store.leave(self.id)
@@ -201,6 +206,7 @@ class Instance:
         if buried or live != set(self.live):
             swept = True
         self.live = sorted(live)
+        self.preferred = await self._store.uplink_holders()
         if swept or self._clock() >= self._next_sweep:
             # What a previous run or a dead instance left waits for peers nobody here knows the state of:
             # their senders probe them first.
@@ -245,11 +251,13 @@ class Instance:
         self._next_sweep = self._clock() + SWEEP_S
         self._leases.forget_holders()
         names = [keys.LOCAL_LEASE, keys.REPLY_LEASE, keys.TIMERS_LEASE, *map(str, await self._pending())]
-        await self._claim({name: pick(name, self.live) for name in names}, "changed", resumed=taken_over)
+        await self._claim(
+            {name: self._pick(name, self.live) for name in names}, "changed", resumed=taken_over
+        )
 
     def _rebalance(self) -> None:
         for name in self._leases.held():
-            if pick(name, self.live) != self.id:
+            if self._pick(name, self.live) != self.id:
                 self._leases.let_go(name)
 
     async def settle_claims(self) -> None:
@@ -261,7 +269,7 @@ class Instance:
             self._leases.forget_holders(unheard)
             wanted |= unheard
         if wanted:
-            await self._claim({name: pick(name, self.live) for name in wanted}, "all", resumed=False)
+            await self._claim({name: self._pick(name, self.live) for name in wanted}, "all", resumed=False)
         if told:
             # Told by an instance that took us for the holder: if another holds it now, it is told in turn.
             await self._claim({name: self.id for name in told}, "all", resumed=False)
@@ -269,11 +277,29 @@ class Instance:
         if releasable:
             others = [instance for instance in self.live if instance != self.id]
             successors = {
-                name: pick(name, others) if others and not self._leases.frees(name) else ""
+                name: self._pick(name, others) if others and not self._leases.frees(name) else ""
                 for name in releasable
             }
             await self._store.hand_over(self.id, successors)
             self._leases.released(releasable)
+
+    def _pick(self, name: str, live: Sequence[str]) -> str:
+        """The instance that should hold lease ``name`` among ``live``: the preferred one, else the pick."""
+        preferred = self.preferred.get(name)
+        return preferred if preferred is not None and preferred in live else pick(name, live)
+
+    async def uplink_changed(self, twin: int, opened: bool) -> None:
+        """``twin``'s uplink opened to this instance, or closed: the lease of sending to it follows."""
+        name = str(twin)
+        if opened:
+            await self._store.uplink_opened(twin, self.id)
+            self.preferred[name] = self.id
+            if not self._leases.holds(name):
+                self._leases.want(name)
+        else:
+            await self._store.uplink_closed(twin, self.id)
+            if self.preferred.get(name) == self.id:
+                del self.preferred[name]
 
     async def _claim(self, proposed: Mapping[str, str], tell: Tell, *, resumed: bool) -> None:
         holders = await self._store.claim(self.id, proposed, self.lease_s, tell)

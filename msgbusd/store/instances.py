@@ -74,6 +74,14 @@ end
 return holders
 """
 
+# KEYS: uplinks; ARGV: twin, instance. The uplink is forgotten only if it is still said to be that instance's.
+_FORGET_UPLINK = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
 # Hands leases the caller holds to other instances (or frees them: an empty name of the next holder), and
 # tells each new holder. KEYS: owners. ARGV: caller, channel prefix, then (name, next holder) pairs.
 _HAND_OVER = """
@@ -130,6 +138,7 @@ class InstanceStore:
         self._bury = redis.register_script(_BURY)
         self._claim = redis.register_script(_CLAIM)
         self._hand_over = redis.register_script(_HAND_OVER)
+        self._forget_uplink = redis.register_script(_FORGET_UPLINK)
 
     async def heartbeat(self, instance: str, info: Mapping[str, str], ttl_s: int) -> Beat:
         fields = [value for pair in info.items() for value in pair]
@@ -138,6 +147,18 @@ class InstanceStore:
         )
         beats = {as_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Beat(bool(present), float(now), beats)
+
+    async def uplink_holders(self) -> dict[str, str]:
+        """Which instance each twin's uplink is open to (twin id -> instance)."""
+        found = await self.redis.hgetall(keys.UPLINKS)
+        return {as_text(k): as_text(v) for k, v in found.items()}
+
+    async def uplink_opened(self, twin: int, instance: str) -> None:
+        await self.redis.hset(keys.UPLINKS, str(twin), instance)
+
+    async def uplink_closed(self, twin: int, instance: str) -> None:
+        """Forget ``twin``'s uplink unless it opened again to another instance meanwhile."""
+        await self._forget_uplink(keys=[keys.UPLINKS], args=[str(twin), instance])
 
     async def describe(self, instance: str) -> dict[str, str]:
         """What ``instance`` last said of itself (empty once its heartbeats stopped long enough)."""

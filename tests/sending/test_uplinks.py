@@ -11,9 +11,11 @@ import pytest
 import redis
 
 from client.status import read_daemon
+from msgbusd.site.instance import pick
 from testing.local_sites import LocalCluster, SiteProcess, wait_until
 from tests.support.metrics import scrape
 from tests.support.services import RawService, push_request
+from wire import keys
 from wire.envelope import Envelope
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(150)]
@@ -119,3 +121,44 @@ def test_a_site_without_an_address_is_reached_over_its_uplink_and_after_the_clou
     first_after = min(at for ret, at in to_edge.answered_at.items() if to_edge.rets[ret].startswith(b"b"))
     print(f"the edge answered again {first_after - restarted_at:.1f}s after the cloud was started again")
     assert first_after - restarted_at <= 10.0
+
+
+def test_the_cloud_process_an_uplink_lands_on_sends_to_that_twin() -> None:
+    # Two processes at the cloud; the lease of sending to the edge would go to WINNER by rendezvous hashing,
+    # but the edge's uplink is open to the other one, started first: that one must send to the edge.
+    cluster = LocalCluster(size=2, processes=2, extra_args=["--link-after", "1"]).prepare()
+    cloud, edge = cluster.sites
+    (sibling,) = cluster.siblings[CLOUD]
+    cluster.siblings[EDGE] = []
+    cloud.extra_args = [*cloud.extra_args, "--instance", "cloud-a"]
+    sibling.extra_args = [*sibling.extra_args, "--instance", "cloud-b"]
+    winner = pick(str(EDGE), ["cloud-a", "cloud-b"])
+    (first, first_name), second = (
+        ((sibling, "cloud-b"), cloud) if winner == "cloud-a" else ((cloud, "cloud-a"), sibling)
+    )
+    edge.advertised_address = ""
+    edge.extra_args = [*edge.extra_args, "--uplink", str(CLOUD)]
+    to_edge, to_cloud = Answers(cluster.redis[0].url), Answers(cluster.redis[1].url)
+    try:
+        cluster.write_twins()
+        first.start()
+        edge.start()
+        wait_until(lambda: "opened its uplink" in first.log(), 20, "the edge's uplink")
+        second.start()
+        with redis.Redis.from_url(cluster.redis[0].url) as conn:
+            wait_until(lambda: conn.zcard(keys.INSTANCES) == 2, 20, "both cloud processes live")
+        with (
+            RawService(cluster.redis[0].url, "cloud.echo", handler=lambda data: b"cloud:" + data),
+            RawService(cluster.redis[1].url, "edge.echo", handler=lambda data: b"edge:" + data) as at_edge,
+        ):
+            for n in range(100):
+                to_edge.push(EDGE, "edge.echo", b"%d" % n, retries=1)
+                to_cloud.push(CLOUD, "cloud.echo", b"%d" % n)
+            wait_until(lambda: to_edge.done() and to_cloud.done(), 60, "every request answered")
+        with redis.Redis.from_url(cluster.redis[0].url, decode_responses=True) as conn:
+            sender = conn.hget(keys.OWNERS, str(EDGE))
+    finally:
+        cluster.cleanup()
+    assert all(replies[0].err == "" for replies in to_edge.replies.values())
+    assert sorted(at_edge.payloads.values()) == [1] * 100
+    assert sender == first_name != winner
