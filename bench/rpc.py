@@ -4,7 +4,8 @@ Each caller pushes a request to site 1's ``msgbus.system.local`` and pops its re
 2 echo. After a warm-up, D seconds are measured: RPC/s, latency percentiles, lost requests, and CPU and memory
 of every process read from /proc. ``--floor`` runs the same load through ``bench.floor_relay`` (the same
 hops, no daemon logic) instead of msgbusd; ``--peer-bin GO_RMB`` through two go-rmb daemons of that build
-(:mod:`bench.go_rmb`), each row right after msgbus's.
+(:mod:`bench.go_rmb`), each row right after msgbus's. ``--uplink``: site 2 has no address in the twin map and
+is reached over the uplink it keeps to site 1 (its requests' replies too).
 
     python -m bench.rpc --clients 16 --payload 64 --duration 10 [--floor] [--peer-bin GO_RMB]
 """
@@ -120,15 +121,22 @@ def _names_apart(job: str, others: list[str], prefix: str, count: int) -> list[s
 
 @contextmanager
 def msgbus_sites(
-    key_type: str, extra_args: list[str], processes: int = 1
+    key_type: str, extra_args: list[str], processes: int = 1, uplink: bool = False
 ) -> Iterator[tuple[list[str], dict[str, int]]]:
+    """Two sites; with ``uplink``, site 2 has no address and is reached over the uplink it keeps to site 1."""
     cluster = LocalCluster(
         size=2, key_type=key_type, extra_args=["--log-level", "info", *extra_args], processes=processes
     ).prepare()
     try:
         if processes > 1:
             _spread_jobs(cluster)
+        if uplink:
+            cluster.sites[1].advertised_address = ""
+            for process in cluster.processes_of(2):
+                process.extra_args = [*process.extra_args, "--uplink", "1"]
         cluster.launch()
+        if uplink:
+            wait_until(lambda: "opened its uplink" in cluster.sites[0].log(), 20, "site 2's uplink")
         pids = {}
         for site, redis in zip(cluster.sites, cluster.redis, strict=True):
             assert redis.process is not None
@@ -265,10 +273,13 @@ def run_case(
         elif floor:
             sites, system = floor_sites(), "floor"
         else:
-            sites = msgbus_sites(args.key_type, daemon_args, processes)
+            uplink = getattr(args, "uplink", False)
+            sites = msgbus_sites(args.key_type, daemon_args, processes, uplink)
             system = "msgbus + event log" if event_log else "msgbus" if links else "msgbus, POSTs"
             if processes > 1:
                 system += f", {processes} processes per site"
+            if uplink:
+                system += ", site 2 over its uplink"
         row = _run_sites(args, load, sites)
     return {"system": system, "clients": clients, "payload_bytes": payload, "fanout": fanout, **row}
 
@@ -306,6 +317,9 @@ def main() -> None:
     parser.add_argument("--peer-bin", metavar="GO_RMB", help="also measure two go-rmb daemons of this build")
     parser.add_argument("--daemon-arg", action="append", help="extra msgbusd flag (repeatable)")
     parser.add_argument("--processes", type=int, default=1, help="msgbusd processes per site (--reuse-port)")
+    parser.add_argument(
+        "--uplink", action="store_true", help="site 2 has no address and keeps an uplink to site 1 (--uplink)"
+    )
     args = parser.parse_args()
     for payload in (int(p) for p in args.payload.split(",")):
         for clients in (int(c) for c in args.clients.split(",")):
