@@ -5,7 +5,9 @@ Each caller pushes a request to site 1's ``msgbus.system.local`` and pops its re
 of every process read from /proc. ``--floor`` runs the same load through ``bench.floor_relay`` (the same
 hops, no daemon logic) instead of msgbusd; ``--peer-bin GO_RMB`` through two go-rmb daemons of that build
 (:mod:`bench.go_rmb`), each row right after msgbus's. ``--uplink``: site 2 has no address in the twin map and
-is reached over the uplink it keeps to site 1 (its requests' replies too).
+is reached over the uplink it keeps to site 1 (its requests' replies too). ``--relay``: site 2 has no address
+and names a third site, run with ``--relay``, as its relay; site 1 reaches it there, its payloads encrypted
+for site 2 (site 2 answers site 1 directly).
 
     python -m bench.rpc --clients 16 --payload 64 --duration 10 [--floor] [--peer-bin GO_RMB]
 """
@@ -121,11 +123,15 @@ def _names_apart(job: str, others: list[str], prefix: str, count: int) -> list[s
 
 @contextmanager
 def msgbus_sites(
-    key_type: str, extra_args: list[str], processes: int = 1, uplink: bool = False
+    key_type: str, extra_args: list[str], processes: int = 1, uplink: bool = False, relay: bool = False
 ) -> Iterator[tuple[list[str], dict[str, int]]]:
-    """Two sites; with ``uplink``, site 2 has no address and is reached over the uplink it keeps to site 1."""
+    """Two sites; with ``uplink``, site 2 has no address and is reached over the uplink it keeps to site 1;
+    with ``relay``, through a third site, its relay."""
     cluster = LocalCluster(
-        size=2, key_type=key_type, extra_args=["--log-level", "info", *extra_args], processes=processes
+        size=3 if relay else 2,
+        key_type=key_type,
+        extra_args=["--log-level", "info", *extra_args],
+        processes=processes,
     ).prepare()
     try:
         if processes > 1:
@@ -134,9 +140,18 @@ def msgbus_sites(
             cluster.sites[1].advertised_address = ""
             for process in cluster.processes_of(2):
                 process.extra_args = [*process.extra_args, "--uplink", "1"]
+        if relay:
+            cluster.sites[1].advertised_address = ""
+            cluster.sites[1].relay = cluster.sites[2].address
+            for process in cluster.processes_of(3):
+                process.extra_args = [*process.extra_args, "--relay"]
         cluster.launch()
         if uplink:
             wait_until(lambda: "opened its uplink" in cluster.sites[0].log(), 20, "site 2's uplink")
+        if relay:
+            wait_until(
+                lambda: "opened its uplink" in cluster.sites[2].log(), 20, "site 2's link to its relay"
+            )
         pids = {}
         for site, redis in zip(cluster.sites, cluster.redis, strict=True):
             assert redis.process is not None
@@ -273,13 +288,15 @@ def run_case(
         elif floor:
             sites, system = floor_sites(), "floor"
         else:
-            uplink = getattr(args, "uplink", False)
-            sites = msgbus_sites(args.key_type, daemon_args, processes, uplink)
+            uplink, relay = getattr(args, "uplink", False), getattr(args, "relay", False)
+            sites = msgbus_sites(args.key_type, daemon_args, processes, uplink, relay)
             system = "msgbus + event log" if event_log else "msgbus" if links else "msgbus, POSTs"
             if processes > 1:
                 system += f", {processes} processes per site"
             if uplink:
                 system += ", site 2 over its uplink"
+            if relay:
+                system += ", site 2 through a relay"
         row = _run_sites(args, load, sites)
     return {"system": system, "clients": clients, "payload_bytes": payload, "fanout": fanout, **row}
 
@@ -319,6 +336,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1, help="msgbusd processes per site (--reuse-port)")
     parser.add_argument(
         "--uplink", action="store_true", help="site 2 has no address and keeps an uplink to site 1 (--uplink)"
+    )
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="site 2 has no address and is reached through a third site (--relay)",
     )
     args = parser.parse_args()
     for payload in (int(p) for p in args.payload.split(",")):

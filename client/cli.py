@@ -163,7 +163,8 @@ def identity(
         ),
     ] = None,
 ) -> None:
-    """Print the public key (hex) and SS58 address of a site identity (and its twin, with --substrate)."""
+    """Print the public key (hex), SS58 address and encryption key (pk, for the twin map) of a site identity
+    (and its twin, with --substrate)."""
     try:
         from msgbusd.identity import keys as ident
         from twin_resolver.accounts import ss58_encode
@@ -183,6 +184,9 @@ def identity(
     typer.echo(f"key type:   {key_type.value}")
     typer.echo(f"public key: {signer.public_key.hex()}")
     typer.echo(f"address:    {ss58_encode(signer.public_key)}")
+    # What other sites encrypt for this one through a relay: the twin entry's "pk" (an ed25519 account's
+    # converted key is the same, so such a twin needs no pk).
+    typer.echo(f"pk:         {bytes(signer.encryption_key().public_key).hex()}")
     if substrate is not None:
         typer.echo(f"twin:       {_registered_twin(substrate, signer.public_key)}")
 

@@ -143,13 +143,15 @@ class PeerView:
 @dataclass(frozen=True)
 class UplinkView:
     """A link kept open by an edge so that the other site can reach it: ``direction`` "out" for the ones
-    this site keeps (``--uplink``), "in" for those twins opened to it; ``since``: when it last opened or
-    closed (None: not tried yet)."""
+    this site keeps (``--uplink``), "relay" for its link to the relay its twin entry names (``relay``; the
+    relay's ``twin`` once it answered), "in" for those twins opened to it (at a relay: the twins it relays);
+    ``since``: when it last opened or closed (None: not tried yet)."""
 
-    twin: int
+    twin: int | None
     direction: str
     open: bool
     since: float | None = None
+    relay: str = ""
 
 
 @dataclass(frozen=True)
@@ -376,10 +378,11 @@ def parse_report(report: dict[str, Any]) -> DaemonView:
         traffic=Traffic.from_json(traffic),
         uplinks=tuple(
             UplinkView(
-                twin=int(uplink["twin"]),
+                twin=None if uplink.get("twin") is None else int(uplink["twin"]),
                 direction=str(uplink["direction"]),
                 open=bool(uplink["open"]),
                 since=optional_number(uplink.get("since")),
+                relay=str(uplink.get("relay") or ""),
             )
             for uplink in report.get("uplinks", [])
         ),

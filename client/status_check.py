@@ -81,8 +81,16 @@ def _uplink_problems(status: SiteStatus) -> list[str]:
         if uplink.open:
             continue
         since = f" for {format_duration(status.checked_at - uplink.since)}" if uplink.since else ""
-        waiting = f"; {queued[uplink.twin]} message(s) wait for it" if queued.get(uplink.twin) else ""
-        if uplink.direction == "out":
+        waiting = (
+            f"; {queued[uplink.twin]} message(s) wait for it"
+            if uplink.twin is not None and queued.get(uplink.twin)
+            else ""
+        )
+        if uplink.direction == "relay":
+            problems.append(
+                f"the link to the relay at {uplink.relay} is closed{since}: other sites cannot reach this one"
+            )
+        elif uplink.direction == "out":
             problems.append(
                 f"the uplink to twin {uplink.twin} is closed{since}: its site cannot reach this one"
             )

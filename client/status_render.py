@@ -196,17 +196,30 @@ def _peer_lines(peers: Sequence[PeerView], now: float, paint: Paint) -> list[str
     ]
 
 
+def _uplink_name(uplink: UplinkView) -> str:
+    if uplink.direction != "relay":
+        return str(uplink.twin)
+    return f"relay {uplink.relay}" + (f" (twin {uplink.twin})" if uplink.twin is not None else "")
+
+
+def _uplink_queue(uplink: UplinkView, queued: dict[int, int] | None) -> str:
+    if uplink.direction == "relay" or uplink.twin is None:
+        # The link to this site's relay carries what is sent to many twins.
+        return "-"
+    return "?" if queued is None else str(queued.get(uplink.twin, 0))
+
+
 def _uplink_lines(status: SiteStatus, uplinks: Sequence[UplinkView], paint: Paint) -> list[str]:
     """One row per uplink: kept by this site to another ("out"), or opened to it by an edge ("in"), with
     what waits here for that twin."""
     queued = status.redis.send_queues if status.redis is not None else None
     rows: list[Sequence[Cell]] = [
         [
-            (str(uplink.twin), ""),
-            ("this site" if uplink.direction == "out" else "the twin", ""),
+            (_uplink_name(uplink), ""),
+            ("the twin" if uplink.direction == "in" else "this site", ""),
             ("open", GREEN) if uplink.open else ("closed", RED),
             (_since(uplink.since, status.checked_at) if uplink.since is not None else "-", ""),
-            ("?" if queued is None else str(queued.get(uplink.twin, 0)), ""),
+            (_uplink_queue(uplink, queued), ""),
         ]
         for uplink in uplinks
     ]

@@ -212,6 +212,8 @@ class SiteProcess:
     # What the twin map says to reach this site (e.g. a proxy in front of it; "": it cannot be dialed);
     # default: its own port.
     advertised_address: str | None = None
+    # The relay the twin map names for this site (host:port; empty: none).
+    relay: str = ""
     # Look twins up there (``--substrate``: chain or HTTP twin source) instead of in ``twins_file``.
     twin_source: str | None = None
     process: subprocess.Popen[bytes] | None = None
@@ -219,6 +221,11 @@ class SiteProcess:
     @property
     def public_key(self) -> bytes:
         return load_signer(self.mnemonic, self.key_type).public_key
+
+    @property
+    def encryption_key(self) -> bytes:
+        """The twin map's ``pk`` for this site (what other sites encrypt for it through a relay)."""
+        return bytes(load_signer(self.mnemonic, self.key_type).encryption_key().public_key)
 
     @property
     def address(self) -> str:
@@ -366,8 +373,17 @@ class LocalCluster:
         return self
 
     def write_twins(self) -> None:
+        # Through a relay, payloads are encrypted for the other end: sr25519 twins publish their key (pk).
+        relayed = any(site.relay for site in self.sites)
         twins = [
-            Twin(id=s.twin, address=s.address, public_key=s.public_key, name=self.name_of(s.twin))
+            Twin(
+                id=s.twin,
+                address=s.address,
+                public_key=s.public_key,
+                name=self.name_of(s.twin),
+                relay=s.relay,
+                encryption_key=s.encryption_key if relayed else None,
+            )
             for s in self.sites
         ]
         write_twin_file(self.twins_file, [*twins, *self.extra_twins])

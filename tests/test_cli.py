@@ -19,7 +19,9 @@ import redis
 from typer.testing import CliRunner
 
 from client.cli import app
+from msgbusd.identity.sealing import public_key_of
 from tests.support.servers import free_port
+from twin_resolver.base import Twin
 from wire import keys
 from wire.envelope import Envelope, decode_payload, encode_payload
 
@@ -227,6 +229,11 @@ def test_identity_prints_public_key_and_address(key_type: str, public_key: str) 
     assert fields["public key"].strip() == public_key
     assert fields["key type"].strip() == key_type
     assert fields["address"].strip().startswith("5")
+    # The encryption key other sites use through a relay: for ed25519, the account's key converted.
+    pk = bytes.fromhex(fields["pk"].strip())
+    assert len(pk) == 32
+    if key_type == "ed25519":
+        assert pk == public_key_of(Twin(id=1, address="", public_key=bytes.fromhex(public_key)))
 
 
 def test_identity_from_environment_and_new() -> None:

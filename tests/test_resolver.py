@@ -29,6 +29,10 @@ KEY_3 = bytes.fromhex("345071da55e5dccefaaa440339415ef9f2663338a38f7da0df21be5ab
 TWIN_1 = Twin(id=1, address="127.0.0.1:18051", public_key=KEY_1, name="edge-1")
 TWIN_2 = Twin(id=2, address="300:1::2", public_key=KEY_2)
 TWIN_3 = Twin(id=3, address="[300:1::3]:9000", public_key=KEY_3, name="edge-3")
+# An edge that cannot be dialed: reached through its relay, with a key of its own to encrypt for.
+TWIN_4 = Twin(
+    id=4, address="", public_key=bytes(range(32)), relay="relay.example:8051", encryption_key=b"k" * 32
+)
 
 
 class Clock:
@@ -102,9 +106,12 @@ def test_accounts_in_hex_and_ss58(tmp_path: Path) -> None:
 
 def test_write_twin_file_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "twins.json"
-    write_twin_file(path, [TWIN_1, TWIN_2, TWIN_3])
-    assert load_twin_file(path) == {1: TWIN_1, 2: TWIN_2, 3: TWIN_3}
-    assert "name" not in json.loads(path.read_text())["twins"][1]
+    write_twin_file(path, [TWIN_1, TWIN_2, TWIN_3, TWIN_4])
+    assert load_twin_file(path) == {1: TWIN_1, 2: TWIN_2, 3: TWIN_3, 4: TWIN_4}
+    entries = json.loads(path.read_text())["twins"]
+    assert "name" not in entries[1]
+    assert not {"relay", "pk"} & entries[1].keys()
+    assert (entries[3]["relay"], entries[3]["pk"]) == ("relay.example:8051", (b"k" * 32).hex())
     assert [p.name for p in tmp_path.iterdir()] == ["twins.json"]
 
 
@@ -144,6 +151,12 @@ GOOD = {"id": 1, "ip": "1.2.3.4", "account": KEY_1.hex()}
         ({**GOOD, "id": 0}, "id must be a positive integer, got 0"),
         ({**GOOD, "id": 2, "ip": None}, "ip must be a string, got None"),
         ({**GOOD, "id": 2, "account": KEY_2.hex(), "name": 3}, "name must be a string, got 3"),
+        ({**GOOD, "id": 2, "account": KEY_2.hex(), "relay": 3}, "relay must be a string, got 3"),
+        (
+            {**GOOD, "id": 2, "account": KEY_2.hex(), "pk": "ab"},
+            "pk must be 64 hex digits (an X25519 public key)",
+        ),
+        ({**GOOD, "id": 2, "account": KEY_2.hex(), "pk": 5}, "pk must be a string, got 5"),
     ],
 )
 def test_bad_entry_names_file_and_index(tmp_path: Path, entry: Any, reason: str) -> None:

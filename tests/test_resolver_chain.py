@@ -195,7 +195,18 @@ async def test_a_bad_twin_id_for_an_account(chain: Chain) -> None:
     ],
 )
 def test_every_twin_version_is_decoded(stored: dict[str, Any], address: str) -> None:
-    assert twin_from_chain(5, stored) == Twin(5, address, KEY_2)
+    twin = twin_from_chain(5, stored)
+    assert (twin.id, twin.address, twin.public_key) == (5, address, KEY_2)
+
+
+def test_a_relay_host_name_is_the_twins_relay_and_a_32_byte_pk_its_encryption_key() -> None:
+    twin = twin_from_chain(5, _v2(5, KEY_2, relay="relay.grid.tf"))
+    assert (twin.address, twin.relay, twin.encryption_key) == ("", "relay.grid.tf", b"\xab" * 32)
+    # An rmb-rs twin's pk is a secp256k1 key (33 bytes): nothing to encrypt for with it.
+    rmb_rs = twin_from_chain(5, _v2(5, KEY_2, relay="relay.grid.tf", pk="0x02" + "ab" * 32))
+    assert rmb_rs.encryption_key is None
+    # A relay that is an IP address is the twin's own address (older records).
+    assert twin_from_chain(5, _v2(5, KEY_2, relay="10.1.2.3")).relay == ""
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,15 @@ async def test_a_trailing_slash_and_a_missing_ip(opened: Opener, source: TwinSou
     assert await resolver.get_twin(8) == Twin(8, "", KEY_2)
 
 
+async def test_a_twin_reached_through_a_relay(opened: Opener, source: TwinSource) -> None:
+    source.twin(
+        8, {"id": 8, "account": KEY_2.hex(), "ip": "", "relay": "relay.example:8051", "pk": "ab" * 32}
+    )
+    resolver = opened(source.url)
+    twin = await resolver.get_twin(8)
+    assert (twin.address, twin.relay, twin.encryption_key) == ("", "relay.example:8051", b"\xab" * 32)
+
+
 async def test_404_is_twin_not_found(opened: Opener, source: TwinSource) -> None:
     resolver = opened(source.url)
     with pytest.raises(TwinNotFound, match="twin 9 not found"):
@@ -173,8 +182,9 @@ async def test_an_unreachable_server(
         (json.dumps({"id": 7, "ip": "1.2.3.4"}).encode(), "account must be a string, got None"),
         (json.dumps(_v1(7, "nope")).encode(), "'nope' is neither 64 hex digits nor an SS58"),
         (json.dumps({**_v1(7, KEY_1.hex()), "ip": 5}).encode(), "ip must be a string, got 5"),
+        (json.dumps({**_v1(7, KEY_1.hex()), "pk": "xyz"}).encode(), "pk must be 64 hex digits"),
     ],
-    ids=["truncated", "not-utf8", "list", "other-id", "no-account", "bad-account", "ip-not-text"],
+    ids=["truncated", "not-utf8", "list", "other-id", "no-account", "bad-account", "ip-not-text", "bad-pk"],
 )
 async def test_a_bad_answer_is_unavailability(
     opened: Opener, source: TwinSource, body: bytes, reason: str

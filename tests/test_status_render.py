@@ -317,7 +317,30 @@ def test_uplinks_are_listed_and_a_closed_one_is_a_problem() -> None:
         "the uplink to twin 5 is closed for 3s: its site cannot reach this one",
     )
     document = json.loads(render_json(status, verdict))
-    assert document["uplinks"][1] == {"twin": 7, "direction": "in", "open": False, "since": NOW - 90}
+    assert document["uplinks"][1] == {
+        "twin": 7,
+        "direction": "in",
+        "open": False,
+        "since": NOW - 90,
+        "relay": "",
+    }
+
+
+def test_the_link_to_the_sites_relay_is_listed_and_a_closed_one_is_a_problem() -> None:
+    relay = UplinkView(4, "relay", True, since=NOW - 30, relay="relay.example:8051")
+    status = site(redis_view(send_queues={4: 3}), daemon_view(uplinks=(relay,)))
+    table = render_table(status, assess(status), colour=False)
+    row = next(line for line in table.splitlines() if "relay.example" in line)
+    cells = row.split()
+    assert cells[:7] == ["relay", "relay.example:8051", "(twin", "4)", "this", "site", "open"]
+    # What waits for twin 4 is not for its link to the relay: the relay's link has no queue of its own.
+    assert cells[-1] == "-"
+    never_answered = UplinkView(None, "relay", False, since=NOW - 3, relay="relay.example:8051")
+    closed = site(redis_view(), daemon_view(uplinks=(never_answered,)))
+    assert assess(closed).problems == (
+        "the link to the relay at relay.example:8051 is closed for 3s: other sites cannot reach this one",
+    )
+    assert "relay relay.example:8051 " in render_table(closed, assess(closed), colour=False)
 
 
 def test_a_report_without_uplinks_from_an_older_daemon_is_read() -> None:

@@ -29,3 +29,26 @@ def account_from_text(text: str) -> bytes:
     if len(decoded) != 32:
         raise ValueError(f"{text!r} is an SS58 address of {len(decoded)} bytes, not a 32-byte account id")
     return decoded
+
+
+def encryption_key_from_text(text: str) -> bytes:
+    """A 32-byte X25519 public key (a twin's ``pk``) from 64 hex digits, ``0x`` optional; else
+    ``ValueError``."""
+    text = text.strip()
+    if not _HEX_ACCOUNT.fullmatch(text):
+        raise ValueError(f"pk must be 64 hex digits (an X25519 public key), got {text!r}")
+    return bytes.fromhex(text.removeprefix("0x"))
+
+
+def relay_fields(entry: dict[str, object]) -> tuple[str, bytes | None]:
+    """A twin entry's ``relay`` (``host:port``, empty when none) and ``pk`` (None when none); ``ValueError``
+    says what is wrong with them."""
+    relay = entry.get("relay") or ""
+    if not isinstance(relay, str):
+        raise ValueError(f"relay must be a string, got {relay!r}")
+    pk = entry.get("pk")
+    if pk is None or pk == "":
+        return relay.strip(), None
+    if not isinstance(pk, str):
+        raise ValueError(f"pk must be a string, got {pk!r}")
+    return relay.strip(), encryption_key_from_text(pk)

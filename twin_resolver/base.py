@@ -8,12 +8,19 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class Twin:
-    """A twin: its id, the address its daemon listens on, and its 32-byte account id (public key)."""
+    """A twin: its id, the address its daemon listens on, and its 32-byte account id (public key).
+
+    ``relay`` (``host:port``) names the relay the twin's site keeps a link to: msgbus sites send to it there,
+    and encrypt the payload for the twin. ``encryption_key`` is the twin's own X25519 key for that (``pk``;
+    without it, an ed25519 account's key converted).
+    """
 
     id: int
     address: str
     public_key: bytes
     name: str | None = None
+    relay: str = ""
+    encryption_key: bytes | None = None
 
 
 class ResolverError(Exception):

@@ -178,8 +178,9 @@ def twin_from_chain(twin_id: int, value: Any) -> Twin:
     """A :class:`Twin` from a decoded ``Twins`` entry of any version; ``ValueError`` if it is unusable.
 
     Older twins are ``{version, id, account_id, ip, entities}``; newer ones have ``relay`` and ``pk`` instead
-    of (or besides) ``ip``. The address is ``ip`` when set, else ``relay`` when that is an IP address (a relay
-    host name is not this twin's daemon), else empty.
+    of (or besides) ``ip``. The address is ``ip`` when set, else ``relay`` when that is an IP address (older
+    records put the twin's own address there, and such a ``relay`` is no relay), else empty; a ``relay`` host
+    name is the twin's relay. ``pk`` is the twin's encryption key when it is one (32 bytes).
     """
     if not isinstance(value, dict):
         raise ValueError(f"expected a record, got {type(value).__name__}")
@@ -192,13 +193,17 @@ def twin_from_chain(twin_id: int, value: Any) -> Twin:
     public_key = _account(account)
     ip = _text(value.get("ip"))
     relay = _text(value.get("relay"))
-    if ip:
-        address = ip
-    elif relay and _is_ip_address(relay):
-        address = relay
+    if relay and _is_ip_address(relay):
+        # Older records put the twin's own address there: it is no relay.
+        address, relay = ip or relay, ""
     else:
-        address = ""
-    return Twin(id=twin_id, address=address, public_key=public_key)
+        address = ip
+    pk = _bytes(value.get("pk")) if not isinstance(value.get("pk"), str) else _hex_bytes(value["pk"])
+    # Only an X25519 key (32 bytes) encrypts for the twin; rmb-rs twins publish a secp256k1 one (33 bytes).
+    encryption_key = pk if pk is not None and len(pk) == 32 else None
+    return Twin(
+        id=twin_id, address=address, public_key=public_key, relay=relay, encryption_key=encryption_key
+    )
 
 
 def _account(value: Any) -> bytes:
@@ -237,6 +242,13 @@ def _bytes(value: Any) -> bytes | None:
     if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
         return bytes(value)
     return None
+
+
+def _hex_bytes(text: str) -> bytes | None:
+    try:
+        return bytes.fromhex(text.strip().removeprefix("0x"))
+    except ValueError:
+        return None
 
 
 def _is_ip_address(text: str) -> bool:

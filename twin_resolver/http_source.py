@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from twin_resolver.accounts import account_from_text
+from twin_resolver.accounts import account_from_text, relay_fields
 from twin_resolver.base import ResolverUnavailable, Twin, TwinNotFound
 
 
@@ -75,4 +75,11 @@ def twin_from_json(twin_id: int, doc: Any) -> Twin:
     ip = doc.get("ip") or ""
     if not isinstance(ip, str):
         raise ValueError(f"ip must be a string, got {ip!r}")
-    return Twin(id=twin_id, address=ip.strip(), public_key=account_from_text(account))
+    relay, encryption_key = relay_fields(doc)
+    return Twin(
+        id=twin_id,
+        address=ip.strip(),
+        public_key=account_from_text(account),
+        relay=relay,
+        encryption_key=encryption_key,
+    )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from twin_resolver.accounts import account_from_text
+from twin_resolver.accounts import account_from_text, relay_fields
 from twin_resolver.base import AccountNotFound, Twin, TwinNotFound
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,10 @@ def write_twin_file(path: StrPath, twins: Iterable[Twin]) -> None:
         entry: dict[str, Any] = {"id": twin.id, "ip": twin.address, "account": twin.public_key.hex()}
         if twin.name is not None:
             entry["name"] = twin.name
+        if twin.relay:
+            entry["relay"] = twin.relay
+        if twin.encryption_key is not None:
+            entry["pk"] = twin.encryption_key.hex()
         entries.append(entry)
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp")
@@ -152,7 +156,18 @@ def _parse_entry(entry: Any, where: str) -> Twin:
         raise TwinFileError(f"{where}: bad account: {exc}") from None
     if name is not None and not isinstance(name, str):
         raise TwinFileError(f"{where}: name must be a string, got {name!r}")
-    return Twin(id=twin_id, address=ip, public_key=public_key, name=name)
+    try:
+        relay, encryption_key = relay_fields(entry)
+    except ValueError as exc:
+        raise TwinFileError(f"{where}: {exc}") from None
+    return Twin(
+        id=twin_id,
+        address=ip,
+        public_key=public_key,
+        name=name,
+        relay=relay,
+        encryption_key=encryption_key,
+    )
 
 
 def _index(twins: list[Twin], source: StrPath) -> dict[int, Twin]:

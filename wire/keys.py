@@ -174,3 +174,21 @@ REPLY_PREFIX = "rep:"
 
 def reply_key(dst: int, uid: str) -> str:
     return f"{dst}|{uid}"
+
+
+RELAYED_MARK = "relay:"
+
+
+def relayed_key(dst: int, src: int, is_request: bool, uid: str) -> str:
+    """The key under which a relay keeps a message from ``src`` for ``dst`` (a twin it relays) until it is
+    sent on: a reply key (its send-queue entry is ``rep:<key>``) that says what the message is."""
+    return f"{dst}|{RELAYED_MARK}{src}:{'req' if is_request else 'rep'}:{uid}"
+
+
+def relayed_is_request(key: str) -> bool | None:
+    """Whether the message kept under reply key ``key`` is a request (True) or a reply (False), for a message
+    a relay keeps; None for a service's reply of this site."""
+    _dst, _bar, rest = key.partition("|")
+    if not rest.startswith(RELAYED_MARK):
+        return None
+    return rest.removeprefix(RELAYED_MARK).split(":", 2)[1:2] == ["req"]

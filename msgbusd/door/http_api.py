@@ -26,15 +26,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from msgbusd.door import openapi
 from msgbusd.door.rate_limit import TokenBuckets
+from msgbusd.door.relaying import Relaying
 from msgbusd.door.validation import validate
 from msgbusd.errors import InvalidMessage, RejectedRequest
+from msgbusd.identity.sealing import Sealer, SealError
 from msgbusd.identity.signing import SignatureError, Signer, verify
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.metrics import ErrorCause, Metrics
 from msgbusd.sending.links import LINK_PATH, Links
 from msgbusd.sending.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH
 from msgbusd.store.queues import Inbound, Store
-from twin_resolver.base import Resolver, ResolverError, TwinNotFound
+from twin_resolver.base import Resolver, ResolverError, Twin, TwinNotFound
 from wire import event_schema as ev
 from wire import keys
 from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, Envelope, EnvelopeDecodeError
@@ -82,6 +84,10 @@ class Door:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     # Per source twin, after its signature is checked; None: no limit.
     rate_limit: TokenBuckets | None = None
+    # --relay: messages for the twins this site relays are kept for them (None: not a relay).
+    relaying: Relaying | None = None
+    # Decrypts what comes through this site's relay (None: nothing does).
+    sealer: Sealer | None = None
 
     async def verified(self, path: str, body: bytes) -> Envelope:
         """The envelope POSTed to ``path``, if it passes every check; else :class:`RejectedRequest`."""
@@ -92,7 +98,20 @@ class Door:
         await self.check(env)
         if path != CMD_PATH:
             self.refuse_proxied(env)
+            await self._check_relayed(env)
         return env
+
+    def _relays(self, env: Envelope) -> bool:
+        """``env`` is for another twin, which this site relays."""
+        return self.relaying is not None and bool(env.dst) and env.dst[0] != self.twin
+
+    async def _check_relayed(self, env: Envelope) -> None:
+        if self._relays(env):
+            assert self.relaying is not None
+            try:
+                await self.relaying.check(env)
+            except RejectedRequest as exc:
+                raise self._rejected("invalid", exc.status, exc.message, env) from exc
 
     def refuse_proxied(self, env: Envelope) -> None:
         """Site to site, nothing is ``pxy``: the proxy flow starts at ``/zbus-cmd`` and its replies stay on
@@ -109,10 +128,12 @@ class Door:
         self.events.emit(ev.REJECTED, env, status=status, error=message)
         return RejectedRequest(status, message)
 
-    async def check(self, env: Envelope) -> None:
-        """Freshness, the source twin's key and the signature, in go-rmb's order."""
+    async def check(self, env: Envelope, *, through_relay: bool = False) -> Twin:
+        """Freshness, the source twin's key and the signature, in go-rmb's order; returns the source twin.
+        What came through a relay may have waited there for the destination: it is fresh for its lifetime."""
         now = int(self.clock())
-        if now - env.now > self.freshness_s:
+        freshness_s = self.freshness_s + (env.lifetime_s if through_relay else 0)
+        if now - env.now > freshness_s:
             age = go_duration(self.clock() - env.now)
             message = f"message is too old, sent since {age}, sent time: {env.now}, now: {now}"
             raise self._rejected("too_old", 400, message, env)
@@ -132,6 +153,7 @@ class Door:
                 f"too many messages from twin {env.src}: the limit is {self.rate_limit.rate:g} per second"
             )
             raise self._rejected("rate_limited", 429, message, env)
+        return twin
 
     def too_large(self) -> RejectedRequest:
         """The error for a body over :attr:`max_message_bytes` (counted and recorded)."""
@@ -141,6 +163,11 @@ class Door:
         """Hand on checked envelopes that came in on ``/zbus-remote`` or ``/zbus-reply``: valid requests to
         their service's list (once per lifetime), replies for this twin to their callers, anything else to
         the daemon's queues (which answer invalid requests with an error)."""
+        relayed = [(path == REMOTE_PATH, env) for path, env in messages if self._relays(env)]
+        if relayed:
+            assert self.relaying is not None
+            await self.relaying.take(relayed)
+            messages = [(path, env) for path, env in messages if not self._relays(env)]
         replies = [env for path, env in messages if path == REPLY_PATH and self._for_our_callers(env)]
         items = [
             self._inbound(path, env)
@@ -163,10 +190,13 @@ class Door:
         if replies and self.deliver_replies is not None:
             await self.deliver_replies(replies)
 
-    async def answer(self, messages: list[object], peer: int | None = None) -> list[dict[str, object]]:
+    async def answer(
+        self, messages: list[object], peer: int | None = None, *, relay: int | None = None
+    ) -> list[dict[str, object]]:
         """Check and take ``{"path", "envelope"}`` messages that came together; one answer per message,
         in order (``{"status": 200}`` or the status and go-rmb's text). ``peer``: the twin at the other end
-        of a link, the only source taken from it."""
+        of a link, the only source taken from it. ``relay``: they came from this site's relay (that twin),
+        from any twin; the payloads of the others' are decrypted."""
         results: list[dict[str, object]] = [{"status": 200} for _ in messages]
         accepted: list[tuple[str, Envelope]] = []
         for index, message in enumerate(messages):
@@ -175,14 +205,30 @@ class Door:
                 if peer is not None and env.src != peer:
                     message = f"this link carries twin {peer}'s messages only"
                     raise self._rejected("invalid", 400, message, env)
-                await self.check(env)
+                through_relay = relay is not None and env.src != relay
+                source = await self.check(env, through_relay=through_relay)
                 self.refuse_proxied(env)
+                if through_relay:
+                    env = self._opened(env, source)
+                else:
+                    await self._check_relayed(env)
             except RejectedRequest as exc:
                 results[index] = {"status": exc.status, "message": exc.message}
                 continue
             accepted.append((path, env))
         await self.take(accepted)
         return results
+
+    def _opened(self, env: Envelope, source: Twin) -> Envelope:
+        """A message that came through this site's relay, for this twin, with its payload decrypted."""
+        if not env.dst or env.dst[0] != self.twin:
+            raise self._rejected("invalid", 400, f"the relay sent a message for twin {env.dst[:1]}", env)
+        if self.sealer is None:
+            raise self._rejected("invalid", 400, "this site takes no messages through a relay", env)
+        try:
+            return self.sealer.open(env, source)
+        except SealError as exc:
+            raise self._rejected("invalid", 400, str(exc), env) from exc
 
     def _record_hand_overs(self, items: list[Inbound], queued: list[bool]) -> None:
         if not self.events.enabled:
@@ -329,11 +375,16 @@ async def take_batch(door: Door, body: bytes) -> bytes:
     return json.dumps({"results": await door.answer(messages)}).encode()
 
 
-async def answer_link_frame(door: Door, peer: int, messages: list[object]) -> list[dict[str, object]]:
+async def answer_link_frame(
+    door: Door, peer: int, messages: list[object], *, through_relay: bool = False
+) -> list[dict[str, object]]:
     """The answers to a frame of envelopes that came over a link from twin ``peer``: as for a batch, and
-    only envelopes from ``peer`` are taken (a site speaks for itself on its links). When Redis cannot take
+    only envelopes from ``peer`` are taken (a site speaks for itself on its links), unless the link is this
+    site's link to its relay (``through_relay``), which brings other twins' messages. When Redis cannot take
     them, every envelope is answered 503 with ``retry_after``: the peer sends them again then."""
     try:
+        if through_relay:
+            return await door.answer(messages, relay=peer)
         return await door.answer(messages, peer)
     except RedisError as exc:
         log.error("redis failed while taking a frame from twin %s: %s", peer, exc)

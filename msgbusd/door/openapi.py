@@ -74,12 +74,17 @@ STATUS_PEER = {
 STATUS_UPLINK = {
     "type": "object",
     "properties": {
-        "twin": {"type": "integer"},
-        "direction": {
-            "enum": ["out", "in"],
-            "description": "out: kept by this site to that twin's (--uplink); in: opened to this site by "
-            "that twin",
+        "twin": {
+            "type": ["integer", "null"],
+            "description": "the twin at the other end (a relay's: null until it first answered)",
         },
+        "direction": {
+            "enum": ["out", "relay", "in"],
+            "description": "out: kept by this site to that twin's (--uplink); relay: kept by this site to "
+            "the relay its twin entry names; in: opened to this site by that twin (at a relay, the twins it "
+            "relays)",
+        },
+        "relay": {"type": "string", "description": "the relay's address (host:port), for direction relay"},
         "open": {"type": "boolean"},
         "since": {
             **_NUMBER_OR_NULL,

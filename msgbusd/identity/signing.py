@@ -13,6 +13,7 @@ import hashlib
 from typing import Literal
 
 import nacl.exceptions
+import nacl.public
 import nacl.signing
 import sr25519
 
@@ -102,6 +103,16 @@ class Signer:
             return self._type_byte + self._ed25519.sign(digest).signature
         assert self._sr25519 is not None
         return self._type_byte + bytes(sr25519.sign(self._sr25519, digest))
+
+    def encryption_key(self) -> nacl.public.PrivateKey:
+        """The X25519 key payloads through a relay are encrypted with (:mod:`msgbusd.identity.sealing`): the
+        ed25519 key converted, or one hashed from the sr25519 secret."""
+        if self._ed25519 is not None:
+            return self._ed25519.to_curve25519_private_key()
+        assert self._sr25519 is not None
+        return nacl.public.PrivateKey(
+            hashlib.blake2b(b"msgbus-box\n" + self._sr25519[1], digest_size=32).digest()
+        )
 
     def sign(self, env: Envelope, dat: str | None = None) -> Envelope:
         """A copy of ``env`` with ``sig`` set; ``dat`` overrides the signed payload (see ``challenge``)."""

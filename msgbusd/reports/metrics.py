@@ -46,6 +46,8 @@ MessageEvent = Literal[
     "failed",  # a request whose tries are all spent
     "rejected",  # an invalid request or a refused HTTP call
     "dead_lettered",  # an item set aside in msgbus.system.deadletter
+    "relayed",  # a message for a twin this site relays, queued for it (--relay)
+    "relay_forwarded",  # a relayed message sent on to its twin
 ]
 ErrorCause = Literal[
     "unreachable",

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -78,11 +79,15 @@ FLAPPING_POSTS_S = 60.0
 IDLE_CHECK_S = 10.0
 # An uplink that broke, or could not be opened, is dialed again after these delays.
 UPLINK_REDIAL = Backoff(base_s=0.25, max_s=5.0)
+# The key of this site's link to its relay among the uplinks' times (twin ids are positive).
+RELAY_LINK = 0
 # A sender waiting for a twin's uplink looks again this often (it is woken at once when the uplink opens).
 UPLINK_WAIT_S = 30.0
 
 # What an inbound frame's envelopes get: one result per message, {"status": 200} or status and message.
-Answer = Callable[[int, list[Any]], Awaitable[list[dict[str, Any]]]]
+# Called with the twin at the other end, the messages, and whether the link is this site's link to its relay
+# (which carries other twins' messages, encrypted for this site).
+Answer = Callable[[int, list[Any], bool], Awaitable[list[dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -116,12 +121,15 @@ class Link:
         opened_here: bool,
         peer_max_bytes: int,
         uplink: bool = False,
+        to_relay: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.peer = peer
         self.opened_here = opened_here
         # Kept open by the edge end so that the other end can reach it: never closed for being idle.
         self.uplink = uplink
+        # This site's link to its relay: what comes on it is from any twin, through the relay.
+        self.to_relay = to_relay
         # Set once the link is closed and its reader has ended.
         self.ended = asyncio.Event()
         self._clock = clock
@@ -255,7 +263,7 @@ class Link:
             frame_id, messages = frame
             self._answering = True
             try:
-                results = await self._answer(self.peer, messages)
+                results = await self._answer(self.peer, messages, self.to_relay)
                 await self._write(orjson.dumps({"op": "ack", "id": frame_id, "results": results}))
             except LinkClosed:
                 # The peer sends the frame again on its next link; its envelopes are kept once.
@@ -290,9 +298,18 @@ class Links:
         idle_s: float = 300.0,
         max_links: int = 4096,
         uplinks: Sequence[int] = (),
+        relay: str = "",
+        relays_for_others: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._twin = twin
+        # The relay this site's own twin entry names (host:port): this site keeps a link to it, over which
+        # the relay sends it everything for its twin.
+        self.relay = relay
+        # --relay: the twins whose entries name a relay are reached over the links they keep to this site.
+        self.relays_for_others = relays_for_others
+        # Relays dialed, by origin: the twin at the other end.
+        self._relay_twins: dict[str, int] = {}
         # The twins this site keeps an uplink to (--uplink), and those that opened one to it in this run:
         # the latter are reached over their uplink only.
         self.uplinks = tuple(uplinks)
@@ -316,6 +333,7 @@ class Links:
         self._clock = clock
         self._links: dict[int, list[Link]] = {}
         self._opening: dict[int, asyncio.Lock] = {}
+        self._opening_relays: dict[str, asyncio.Lock] = {}
         # Twins sent POSTs until then (their links keep breaking), and sites (by origin) that take no links.
         self._posts_until: dict[int, float] = {}
         self._no_links_until: dict[str, float] = {}
@@ -369,7 +387,8 @@ class Links:
         link = self._current(twin_id, replies_only)
         if link is not None:
             return link
-        if await self.reached_by_uplink(twin_id):
+        twin = await self._known_twin(twin_id)
+        if twin_id in self._uplinked or (twin is not None and self._by_uplink_only(twin)):
             raise DeliveryError(
                 f"twin {twin_id} is reached over the uplink it opens to this site, and none is open",
                 kind="unreachable",
@@ -377,6 +396,8 @@ class Links:
                 attempted=False,
                 waits_for_uplink=True,
             )
+        if twin is not None and twin.relay:
+            return await self.link_to_relay(twin.relay, open_new=open_new)
         # An uplink is kept as a link whatever happened to the ones before.
         keeps_uplink = twin_id in self.uplinks
         if not open_new or (not keeps_uplink and self._posts_until.get(twin_id, 0.0) > self._clock()):
@@ -398,7 +419,7 @@ class Links:
                     return None
                 self._asking.add(origin)
             try:
-                link = await self._open(twin_id, url, twin.public_key)
+                link = await self._open(twin_id, url, twin.public_key, uplink=keeps_uplink)
             except LinkUnsupported as exc:
                 self._takes_links.discard(origin)
                 self._no_links_until[origin] = self._clock() + RECHECK_S
@@ -459,50 +480,80 @@ class Links:
             log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
         await self._read(link)
 
+    @property
+    def keeps_links(self) -> bool:
+        """This site keeps links open: uplinks (--uplink), or the link to its relay."""
+        return bool(self.uplinks or self.relay)
+
     async def keep_uplinks(self, stopping: asyncio.Event) -> None:
-        """Keep a link open to each twin of ``uplinks`` until ``stopping``: dial it, and dial again when it
-        breaks or cannot be opened."""
+        """Keep a link open to each twin of ``uplinks``, and to this site's relay, until ``stopping``: dial
+        it, and dial again when it breaks or cannot be opened."""
         async with asyncio.TaskGroup() as group:
             for twin_id in self.uplinks:
-                group.create_task(self._keep_uplink(twin_id, stopping), name=f"uplink to twin {twin_id}")
+                group.create_task(
+                    self._keep_uplink(
+                        f"twin {twin_id}", twin_id, functools.partial(self.link_to, twin_id), stopping
+                    ),
+                    name=f"uplink to twin {twin_id}",
+                )
+            if self.relay:
+                group.create_task(
+                    self._keep_uplink("the relay", RELAY_LINK, self._dial_relay, stopping), name="relay link"
+                )
 
-    async def _keep_uplink(self, twin_id: int, stopping: asyncio.Event) -> None:
+    async def _dial_relay(self) -> Link | None:
+        # The twin entry may name another relay by now: the link goes where it says.
+        own = await self._known_twin(self._twin)
+        if own is not None and own.relay:
+            self.relay = own.relay
+        return await self.link_to_relay(self.relay, uplink=True)
+
+    async def _keep_uplink(
+        self, name: str, key: int, dial: Callable[[], Awaitable[Link | None]], stopping: asyncio.Event
+    ) -> None:
         failures = 0
         while not stopping.is_set() and not self._closing:
             try:
-                link = await self.link_to(twin_id)
-                cause = f"the site of twin {twin_id} takes no links"
+                link = await dial()
+                cause = f"the site of {name} takes no links"
             except DeliveryError as exc:
                 link, cause = None, exc.cause
             except Exception as exc:
-                log.exception("opening the uplink to twin %s failed", twin_id, extra=about(twin=twin_id))
+                log.exception("opening the uplink to %s failed", name)
                 link, cause = None, str(exc)
             if link is not None:
-                log.info("uplink to twin %s is open", twin_id, extra=about(twin=twin_id))
-                self._uplink_since[twin_id] = time.time()
+                log.info("uplink to %s is open", name, extra=about(twin=link.peer))
+                self._uplink_since[key] = time.time()
                 failures = 0
                 await first_set(link.ended, stopping)
                 if stopping.is_set() or self._closing:
                     return
                 cause = f"closed: {link.closed_reason}"
-                self._uplink_since[twin_id] = time.time()
+                self._uplink_since[key] = time.time()
             elif failures == 0:
-                self._uplink_since.setdefault(twin_id, time.time())
+                self._uplink_since.setdefault(key, time.time())
             failures += 1
             delay_s = UPLINK_REDIAL.delay_s(failures)
-            log.warning(
-                "uplink to twin %s: %s; dialing again in %.1fs",
-                twin_id,
-                cause,
-                delay_s,
-                extra=about(twin=twin_id),
-            )
+            log.warning("uplink to %s: %s; dialing again in %.1fs", name, cause, delay_s)
             await sleep_unless(stopping, delay_s)
 
     def uplinks_report(self) -> list[dict[str, Any]]:
-        """The uplinks this site keeps ("out") and those opened to it ("in"): open or not, and since when
-        (unix time; None: not tried yet)."""
-        return [
+        """The uplinks this site keeps ("out"), its link to its relay ("relay", with the relay's twin once
+        known), and those opened to it ("in"): open or not, and since when (unix time; None: not tried
+        yet)."""
+        relay: list[dict[str, Any]] = []
+        if self.relay:
+            origin = _relay_origin(self.relay)
+            relay.append(
+                {
+                    "twin": self._relay_twins.get(origin),
+                    "direction": "relay",
+                    "relay": self.relay,
+                    "open": self._relay_link(origin) is not None,
+                    "since": self._uplink_since.get(RELAY_LINK),
+                }
+            )
+        return relay + [
             {
                 "twin": twin_id,
                 "direction": "out" if opened_here else "in",
@@ -545,11 +596,60 @@ class Links:
         its uplink, and nothing is sent to it while none is open."""
         if twin_id in self._uplinked:
             return True
-        try:
-            twin = await self._resolver.get_twin(twin_id)
-        except ResolverError:
-            return False
+        twin = await self._known_twin(twin_id)
+        return twin is not None and self._by_uplink_only(twin)
+
+    def _by_uplink_only(self, twin: Twin) -> bool:
+        if twin.relay:
+            return self.relays_for_others
         return not twin.address.strip()
+
+    async def _known_twin(self, twin_id: int) -> Twin | None:
+        try:
+            return await self._resolver.get_twin(twin_id)
+        except ResolverError:
+            return None
+
+    async def link_to_relay(self, relay: str, *, open_new: bool = True, uplink: bool = False) -> Link | None:
+        """The link to the relay at ``relay`` (``host:port``), opened now if there is none (and
+        ``open_new``); None if the relay takes POSTs only. ``uplink``: the link is this site's own link to
+        its relay, kept open for the relay to send this site's messages over it. Raises
+        :class:`DeliveryError` when the relay cannot be reached or fails the handshake."""
+        try:
+            url = peer_url(relay, LINK_PATH)
+        except ValueError as exc:
+            raise DeliveryError(f"unusable relay address {relay!r}: {exc}") from exc
+        origin = _origin(url)
+        # Whatever opens the link to this site's own relay, the relay sends this site's messages over it.
+        uplink = uplink or (bool(self.relay) and origin == _relay_origin(self.relay))
+        link = self._relay_link(origin)
+        if link is not None or not open_new or self._no_links_until.get(origin, 0.0) > self._clock():
+            return link
+        lock = self._opening_relays.setdefault(origin, asyncio.Lock())
+        async with lock:
+            link = self._relay_link(origin)
+            if link is not None:
+                return link
+            try:
+                link = await self._open(None, url, None, uplink=uplink)
+            except LinkUnsupported as exc:
+                self._no_links_until[origin] = self._clock() + RECHECK_S
+                log.info("the relay at %s takes POSTs only (%s)", origin, exc)
+                return None
+            self._relay_twins[origin] = link.peer
+            await self._adopt(link)
+            reader = asyncio.ensure_future(self._read(link))
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+            return link
+
+    def _relay_link(self, origin: str) -> Link | None:
+        """The open link this site opened to the relay at ``origin``, if any."""
+        relay_twin = self._relay_twins.get(origin)
+        if relay_twin is None:
+            return None
+        opened = [link for link in self._links.get(relay_twin, ()) if link.is_open and link.opened_here]
+        return opened[-1] if opened else None
 
     async def aclose(self) -> None:
         """Close every link (the daemon stops); their readers end."""
@@ -651,7 +751,10 @@ class Links:
         except ValueError as exc:
             raise DeliveryError(f"twin {twin_id} has an unusable address {twin.address!r}: {exc}") from exc
 
-    async def _open(self, twin_id: int, url: str, public_key: bytes) -> Link:
+    async def _open(self, twin_id: int | None, url: str, public_key: bytes | None, *, uplink: bool) -> Link:
+        """Open a link to twin ``twin_id`` at ``url`` (whose key is ``public_key``), or (``twin_id`` None) to
+        the relay there, whichever twin it is; ``uplink``: kept open for the other end to send over it."""
+        what = f"twin {twin_id}" if twin_id is not None else "the relay"
         try:
             ws = await self._http.websocket(
                 "ws" + url.removeprefix("http"),
@@ -662,43 +765,49 @@ class Links:
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status in (502, 503, 504):
                 raise DeliveryError(
-                    f"twin {twin_id} at {url} cannot take messages now: {exc.status}", offline=True
+                    f"{what} at {url} cannot take messages now: {exc.status}", offline=True
                 ) from exc
             raise LinkUnsupported(f"the upgrade was answered {exc.status}") from exc
         except TimeoutError as exc:
-            raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
+            raise DeliveryError(f"{what} at {url} did not answer in time", offline=True) from exc
         except aiohttp.ClientError as exc:
-            raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
+            raise DeliveryError(f"couldn't reach {what} at {url}: {exc}", offline=True) from exc
         socket = ClientSocket(ws)
         try:
-            peer_max_bytes = await asyncio.wait_for(
-                self._introduce(socket, twin_id, public_key), self.timeout_s
+            peer, peer_max_bytes = await asyncio.wait_for(
+                self._introduce(socket, twin_id, public_key, uplink=uplink), self.timeout_s
             )
         except TimeoutError as exc:
             await socket.close(1000, "no handshake in time")
-            raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
+            raise DeliveryError(f"{what} at {url} did not answer in time", offline=True) from exc
         except LinkClosed as exc:
             await socket.close(1000, str(exc))
             if exc.refused:
-                raise DeliveryError(f"twin {twin_id} at {url} refused a link: {exc}", kind="refused") from exc
+                raise DeliveryError(f"{what} at {url} refused a link: {exc}", kind="refused") from exc
             # Cut during the handshake: like a connection that failed.
-            raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
-        log.info("opened a link to twin %s at %s", twin_id, url, extra=about(twin=twin_id))
+            raise DeliveryError(f"couldn't reach {what} at {url}: {exc}", offline=True) from exc
+        log.info("opened a link to %s at %s (twin %s)", what, url, peer, extra=about(twin=peer))
         return Link(
-            twin_id,
+            peer,
             socket,
             self._answer,
             opened_here=True,
             peer_max_bytes=peer_max_bytes,
-            uplink=twin_id in self.uplinks,
+            uplink=uplink,
+            to_relay=twin_id is None and uplink,
             clock=self._clock,
         )
 
-    async def _introduce(self, socket: Socket, twin_id: int, public_key: bytes) -> int:
-        """The opener's half of the handshake: the largest envelope the site takes. Raises
-        :class:`LinkClosed` when it fails."""
+    async def _introduce(
+        self, socket: Socket, twin_id: int | None, public_key: bytes | None, *, uplink: bool
+    ) -> tuple[int, int]:
+        """The opener's half of the handshake: the twin at the other end (``twin_id``, or for a relay the
+        twin it proves to be) and the largest envelope its site takes. Raises :class:`LinkClosed` when it
+        fails."""
         challenge = _frame(await socket.receive(), "challenge", socket)
-        if challenge.get("twin") != twin_id:
+        if twin_id is None or public_key is None:
+            twin_id, public_key = await self._relay_identity(challenge.get("twin"))
+        elif challenge.get("twin") != twin_id:
             raise LinkClosed(
                 f"the site there is twin {challenge.get('twin')}, not twin {twin_id}", refused=True
             )
@@ -706,7 +815,7 @@ class Links:
         their_nonce = str(challenge.get("nonce", ""))
         sig = self._signer.sign_digest(handshake_digest(self._twin, twin_id, their_nonce)).hex()
         hello: dict[str, Any] = {"op": "hello", "twin": self._twin, "nonce": nonce, "sig": sig}
-        if twin_id in self.uplinks:
+        if uplink:
             hello["uplink"] = True
         await socket.send(orjson.dumps({**hello, "max_bytes": self.max_frame_bytes}))
         welcome = _frame(await socket.receive(), "welcome", socket)
@@ -715,7 +824,17 @@ class Links:
             verify_digest(str(welcome.get("sig", "")), digest, public_key)
         except SignatureError as exc:
             raise LinkClosed(f"the site there is not twin {twin_id}: {exc.message}", refused=True) from exc
-        return _max_bytes(challenge, self.max_frame_bytes)
+        return twin_id, _max_bytes(challenge, self.max_frame_bytes)
+
+    async def _relay_identity(self, claimed: object) -> tuple[int, bytes]:
+        """A relay is named by its address only: it is whichever twin it says, once it proves it holds that
+        twin's key (its welcome is checked against it)."""
+        if not isinstance(claimed, int) or isinstance(claimed, bool) or claimed <= 0:
+            raise LinkClosed(f"the relay says it is twin {claimed!r}", refused=True)
+        try:
+            return claimed, (await self._resolver.get_twin(claimed)).public_key
+        except ResolverError as exc:
+            raise LinkClosed(f"couldn't get the relay's twin {claimed}: {exc}", refused=True) from exc
 
     async def _greet(self, socket: Socket) -> tuple[int, int, bool]:
         """The site's half of the handshake: the opener's twin, once it proved it holds that twin's key, the
@@ -775,6 +894,13 @@ async def send_envelopes(
             if answer.status != 200:
                 results[index] = peer_refusal(twin_id, answer.status, answer.message, answer.retry_after_s)
     return results
+
+
+def _relay_origin(relay: str) -> str:
+    try:
+        return _origin(peer_url(relay, LINK_PATH))
+    except ValueError:
+        return relay
 
 
 def _origin(url: str) -> str:

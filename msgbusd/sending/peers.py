@@ -41,6 +41,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from msgbusd.errors import DeliveryError
+from msgbusd.identity.sealing import Sealer, SealError
 from msgbusd.identity.signing import Signer
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.logs import about
@@ -54,6 +55,7 @@ from msgbusd.sending.schedule import Schedule
 from msgbusd.sending.send_items import SendItem, SendItems
 from msgbusd.store.leases import Leases, first_set
 from msgbusd.store.queues import Store
+from twin_resolver.base import Resolver, ResolverError, Twin
 from wire import event_schema as ev
 from wire.backoff import REDIS_RECONNECT
 
@@ -337,8 +339,7 @@ class Peer:
         has it). Each attempt goes to the event log."""
         peers = self._peers
         started_at, started = peers.clock(), time.perf_counter()
-        signed = [(item.path, peers.sign(item)) for item in items]
-        results = await self._transmit(signed, replies_only=not any(item.is_request for item in items))
+        results = await self._transmit(items, replies_only=not any(item.is_request for item in items))
         duration_us = int((time.perf_counter() - started) * 1_000_000)
         for item, error in zip(items, results, strict=True):
             if error is not None and not error.attempted:
@@ -356,24 +357,33 @@ class Peer:
         if failures:
             activity.failed(self.twin, failures[-1].cause)
 
-    async def _transmit(
-        self, signed: Sequence[tuple[str, bytes]], *, replies_only: bool
-    ) -> list[DeliveryError | None]:
+    async def _transmit(self, items: list[SendItem], *, replies_only: bool) -> list[DeliveryError | None]:
         links = self._peers.links
+        link = None
         if links is not None:
             # A link pays for its handshake only if more follows: one message now and then goes in a POST.
             now = time.monotonic()
-            busy = len(signed) >= self._peers.link_after or now - self._sent_at < BUSY_WITHIN_S
+            busy = len(items) >= self._peers.link_after or now - self._sent_at < BUSY_WITHIN_S
             self._sent_at = now
             try:
                 link = await links.link_to(self.twin, replies_only=replies_only, open_new=busy)
             except DeliveryError as exc:
-                return [exc] * len(signed)
-            if link is not None:
-                started = time.perf_counter()
-                results = await send_envelopes(link, signed, links.timeout_s)
-                self._peers.metrics.observe_send("link", time.perf_counter() - started)
-                return results
+                return [exc] * len(items)
+        # Through a relay (a link to another twin, or POSTs to the twin's relay), payloads are encrypted for
+        # the twin.
+        seal_for = None
+        if link is None or link.peer != self.twin:
+            seal_for = await self._peers.relayed_twin(self.twin)
+        try:
+            signed = [(item.path, self._peers.sign(item, seal_for)) for item in items]
+        except SealError as exc:
+            # Nothing can go to the twin through its relay until its twin entry says how to encrypt for it.
+            return [DeliveryError(str(exc), kind="refused", final=True)] * len(items)
+        if link is not None:
+            started = time.perf_counter()
+            results = await send_envelopes(link, signed, self._peers.links_timeout_s)
+            self._peers.metrics.observe_send("link", time.perf_counter() - started)
+            return results
         return await self._peers.posts.send_many(self.twin, signed)
 
     # --- a peer that is down -----------------------------------------------------------------------------
@@ -506,6 +516,8 @@ class Peers:
         schedule: Schedule,
         posts: PostClient,
         signer: Signer,
+        sealer: Sealer,
+        resolver: Resolver,
         spawn: SpawnTask,
         stopping: asyncio.Event,
         *,
@@ -524,6 +536,7 @@ class Peers:
         self.schedule = schedule
         self.posts = posts
         self.links = links
+        self.links_timeout_s = links.timeout_s if links is not None else 0.0
         # The site's instances share the destinations (None: this process is the whole site).
         self.leases = leases
         self.stopping = stopping
@@ -546,6 +559,8 @@ class Peers:
         self._events = events or EventLog(None, 0)
         self.activity = PeerActivityLog(clock=clock)
         self._signer = signer
+        self._resolver = resolver
+        self.sealer = sealer
         self._spawn = spawn
         # Peers with a sender, and peers that are down (their state outlives their sender).
         self._peers: dict[int, Peer] = {}
@@ -766,16 +781,34 @@ class Peers:
             lane.queued(kept.items)
         self._spawn(peer.run(lane), f"sender to twin {dst}")
 
-    def sign(self, item: SendItem) -> bytes:
-        """``item``'s envelope as it goes on the wire now: stamped with the time, signed, encoded."""
-        return self._signer.sign(item.envelope.replace(now=int(self.clock()))).encode()
+    async def relayed_twin(self, twin_id: int) -> Twin | None:
+        """``twin_id``'s entry when it names a relay (what is sent to it is encrypted for it), else None."""
+        try:
+            twin = await self._resolver.get_twin(twin_id)
+        except ResolverError:
+            return None
+        return twin if twin.relay else None
+
+    def sign(self, item: SendItem, seal_for: Twin | None = None) -> bytes:
+        """``item``'s envelope as it goes on the wire now: stamped with the time, its payload encrypted for
+        ``seal_for`` (a twin reached through a relay), signed, encoded. A message this site relays goes as
+        its source signed it."""
+        if item.relayed:
+            return item.envelope.encode()
+        env = item.envelope.replace(now=int(self.clock()))
+        if seal_for is not None:
+            env = self.sealer.seal(env, seal_for)
+        return self._signer.sign(env).encode()
 
     def count_sent(self, items: list[SendItem]) -> list[str]:
         """The peer has these: count them; returns the keys of the replies among them, for the sender to
         forget (requests now wait for their reply)."""
         replies = [item.reply_key for item in items if not item.is_request]
-        if replies:
-            self.metrics.message("reply_sent", len(replies))
+        relayed = sum(item.relayed for item in items)
+        if relayed:
+            self.metrics.message("relay_forwarded", relayed)
+        if len(replies) > relayed:
+            self.metrics.message("reply_sent", len(replies) - relayed)
         if len(replies) < len(items):
             self.metrics.message("sent", len(items) - len(replies))
         if log.isEnabledFor(logging.DEBUG):
@@ -793,7 +826,7 @@ class Peers:
         self, item: SendItem, error: DeliveryError | None, started_at: float, duration_us: int
     ) -> None:
         """The event log's line for one send of a request or a reply (``item.envelope`` went on the wire)."""
-        if not self._events.enabled:
+        if not self._events.enabled or item.relayed:
             return
         env = item.envelope
         if item.original is not None:

@@ -159,10 +159,12 @@ class PostClient:
             raise DeliveryError(
                 str(exc), kind="not_found" if isinstance(exc, TwinNotFound) else "other"
             ) from exc
+        # A twin reached through a relay is sent its messages there.
+        address = twin.relay or twin.address
         try:
-            return peer_url(twin.address, path)
+            return peer_url(address, path)
         except ValueError as exc:
-            raise DeliveryError(f"twin {twin_id} has an unusable address {twin.address!r}: {exc}") from exc
+            raise DeliveryError(f"twin {twin_id} has an unusable address {address!r}: {exc}") from exc
 
     async def _post(
         self, twin_id: int, url: str, body: bytes, *, timeout_s: float | None = None, observed: bool = True

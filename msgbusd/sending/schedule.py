@@ -160,13 +160,16 @@ class Schedule:
         )
 
     async def _give_up_reply(self, key: str, env: Envelope, attempts: int, cause: str) -> None:
-        # The requester has given its caller a timeout by now; keep the reply for the operator.
+        # The requester has given its caller a timeout by now; keep the reply (or, at a relay, the message it
+        # relays, its payload encrypted) for the operator.
+        what = "reply" if keys.relayed_is_request(key) is None else "relayed message"
         await self._store.forget_reply(key)
         await self._store.set_aside(
-            keys.REPLY, env.encode(), f"gave up forwarding reply after {attempts} attempts: {cause}"
+            keys.REPLY, env.encode(), f"gave up forwarding {what} after {attempts} attempts: {cause}"
         )
         log.error(
-            "gave up forwarding reply uid=%s to twin %s: %s",
+            "gave up forwarding %s uid=%s to twin %s: %s",
+            what,
             env.uid,
             env.dst[0],
             cause,

@@ -1,7 +1,8 @@
 """The entries of a send queue, read into what goes on the wire.
 
 A send queue holds ``req:<uid>`` (a request for one destination; its envelope is the backlog entry) and
-``rep:<key>`` (a service's reply waiting to go back; its envelope and state are stored under the key).
+``rep:<key>`` (a service's reply waiting to go back, or at a relay a message it relays; its envelope and
+state are stored under the key).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class SendItem:
     state: dict[str, float] | None = None
     # A request's failed attempts before this send.
     failures: int = 0
+    # A message this site relays: signed by its source, sent on as it is (never stamped nor signed here).
+    relayed: bool = False
 
     @property
     def uid(self) -> str:
@@ -119,7 +122,13 @@ class SendItems:
 
     @staticmethod
     def reply(key: str, env: Envelope, state: dict[str, float]) -> SendItem:
-        return SendItem(keys.REPLY_PREFIX + key, REPLY_PATH, env, state=state)
+        """A service's reply to send back, or (kept under a :func:`wire.keys.relayed_key`) a message this
+        site relays."""
+        relayed_request = keys.relayed_is_request(key)
+        if relayed_request is None:
+            return SendItem(keys.REPLY_PREFIX + key, REPLY_PATH, env, state=state)
+        path = REMOTE_PATH if relayed_request else REPLY_PATH
+        return SendItem(keys.REPLY_PREFIX + key, path, env, state=state, relayed=True)
 
     def forwarded_copy(self, original: Envelope, uid: str, failures: int) -> Envelope:
         """What goes over the wire for one destination: its own uid, our twin as src, tries left."""

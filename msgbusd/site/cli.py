@@ -211,6 +211,14 @@ def site_settings(
             "sends everything for this twin over it, so this site needs no address it can be dialed at.",
         ),
     ] = None,
+    relay: Annotated[
+        bool,
+        typer.Option(
+            "--relay",
+            help="Relay for other twins: take links from the twins whose entry names a relay, and keep what "
+            "other sites send them (encrypted for them) until it can go over those links.",
+        ),
+    ] = False,
     max_message_size: Annotated[
         int,
         typer.Option(
@@ -293,6 +301,8 @@ def site_settings(
         raise typer.BadParameter("--uplink needs links (drop --no-links)")
     if twin in uplinks:
         raise typer.BadParameter(f"--uplink {twin} is this site's own twin")
+    if relay and not links:
+        raise typer.BadParameter("--relay needs links (drop --no-links)")
     settings = Settings(
         mnemonics=mnemonics,
         key_type=key_type,
@@ -321,6 +331,7 @@ def site_settings(
         link_idle_s=link_idle,
         max_links=max_links,
         uplinks=uplinks,
+        relay=relay,
         link_after=link_after,
         max_message_bytes=max_message_size,
         rate_limit=rate_limit,

@@ -26,9 +26,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from msgbusd.door.handlers import Handlers
-from msgbusd.door.http_api import Door, answer_link_frame, create_app, loopback_only
+from msgbusd.door.http_api import Door, answer_link_frame, create_app, dedup_ttl_s, loopback_only, seen_id
 from msgbusd.door.rate_limit import TokenBuckets
+from msgbusd.door.relaying import Relaying
 from msgbusd.errors import StartupError
+from msgbusd.identity.sealing import Sealer, SealError, public_key_of
 from msgbusd.identity.signing import Signer
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.metrics import Metrics, healthz_endpoint, metrics_endpoint
@@ -50,7 +52,7 @@ from msgbusd.store.instances import InstanceStore
 from msgbusd.store.leases import Leases
 from msgbusd.store.queues import Store
 from msgbusd.store.replication import Replication, ReplicationError
-from twin_resolver.base import Resolver
+from twin_resolver.base import Resolver, ResolverError
 from twin_resolver.cache import CachedResolver
 from wire import keys
 from wire.backoff import Backoff, sleep_unless
@@ -262,7 +264,7 @@ class Daemon:
             group.create_task(release_free_memory_until(stopping), name="free memory")
             if site.links is not None:
                 group.create_task(site.links.close_idle_until(stopping), name="idle links")
-                if site.links.uplinks:
+                if site.links.keeps_links:
                     group.create_task(site.links.keep_uplinks(stopping), name="uplinks")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
             if self._metrics_sock is not None:
@@ -386,7 +388,6 @@ async def open_site(
     twin = settings.twin
     if twin is None:
         from twin_resolver.accounts import ss58_encode
-        from twin_resolver.base import ResolverError
 
         try:
             twin = await resolver.twin_id_by_public_key(signer.public_key)
@@ -436,9 +437,13 @@ async def open_site(
 
     # The one part used before it is made: the door (below) answers what peers send over links. It hands
     # replies to the handlers, which wake the peers, which send over the links.
-    async def answer_on_link(peer: int, messages: list[object]) -> list[dict[str, object]]:
-        return await answer_link_frame(door, peer, messages)
+    async def answer_on_link(
+        peer: int, messages: list[object], through_relay: bool
+    ) -> list[dict[str, object]]:
+        return await answer_link_frame(door, peer, messages, through_relay=through_relay)
 
+    sealer = Sealer(signer.encryption_key())
+    own_relay = await _own_relay(resolver, twin, sealer)
     links = None
     if settings.links:
         links = Links(
@@ -452,6 +457,8 @@ async def open_site(
             idle_s=settings.link_idle_s,
             max_links=settings.max_links,
             uplinks=settings.uplinks,
+            relay=own_relay,
+            relays_for_others=settings.relay,
             max_frame_bytes=max_body_bytes,
         )
     peers = Peers(
@@ -460,6 +467,8 @@ async def open_site(
         schedule,
         posts,
         signer,
+        sealer,
+        resolver,
         inflight.spawn,
         inflight.stopping,
         links=links,
@@ -490,7 +499,19 @@ async def open_site(
         events=events,
         max_message_bytes=max_body_bytes,
         rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
+        sealer=sealer,
     )
+    if settings.relay:
+        door.relaying = Relaying(
+            door.store,
+            resolver,
+            peers.kick_all,
+            seen_id=seen_id,
+            dedup_ttl_s=dedup_ttl_s,
+            freshness_s=settings.freshness_s,
+            metrics=metrics,
+            clock=clock,
+        )
     site = Site(
         settings=settings,
         twin=twin,
@@ -523,6 +544,29 @@ async def open_site(
     if links is not None:
         links.on_uplink_change = site.instance.uplink_changed
     return site
+
+
+async def _own_relay(resolver: Resolver, twin: int, sealer: Sealer) -> str:
+    """The relay this site's own twin entry names (empty: none, or the entry cannot be read now); says so
+    when other sites could not encrypt for this one with what the entry says."""
+    try:
+        own = await resolver.get_twin(twin)
+    except ResolverError as exc:
+        log.warning("couldn't read this site's own twin entry (%s): its relay, if any, is not dialed", exc)
+        return ""
+    if own.relay:
+        try:
+            published = public_key_of(own)
+        except SealError:
+            published = None
+        if published != sealer.public_key:
+            log.error(
+                "this site's twin entry names the relay %s, but other sites cannot encrypt for it with what "
+                "the entry says: its pk must be %s (msgbus identity prints it)",
+                own.relay,
+                sealer.public_key.hex(),
+            )
+    return own.relay
 
 
 def _describe(settings: Settings, metrics: Metrics) -> dict[str, str]:

@@ -75,6 +75,9 @@ class Settings:
     max_links: int = 4096
     # The twins this site keeps a link open to, for their sites to reach it (it cannot be dialed).
     uplinks: tuple[int, ...] = ()
+    # Relay for the twins whose entries name a relay: they keep links to this site, which sends them what
+    # other sites sent them (--relay).
+    relay: bool = False
     # A link to a twin is opened once this many messages go to it at once, or when it is sent one within
     # 10 s of the last; until then (one message now and then) they go in POSTs.
     link_after: int = 2

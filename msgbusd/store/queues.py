@@ -104,6 +104,19 @@ end
 return 0
 """
 
+# A relay queues a message for a twin it relays once per (source twin, what it is), as it stands (signed by
+# its source); it is sent on like a reply, from the replies hash. Returns the send queue's length, or 0 for
+# a message queued already.
+# KEYS: seen marker, replies, reply state, send queue, destinations set.
+# ARGV: ttl seconds, key, payload, state, destination.
+_RELAY = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+redis.call('SADD', KEYS[5], ARGV[5])
+return redis.call('RPUSH', KEYS[4], 'rep:' .. ARGV[2])
+"""
+
 # The single place where a request gets its final outcome. The HDEL on the backlog is the claim: whoever
 # removes the entry delivers, everybody else (a late reply, a duplicate, the expiry timer) delivers nothing.
 # Returns 0, or (delivered) the request's deadline, from which the caller tells how long it took.
@@ -213,6 +226,19 @@ class PendingReply:
     state: dict[str, float]
 
 
+@dataclass(frozen=True)
+class RelayedMessage:
+    """A message for twin ``dst``, which this site relays: kept under ``key`` until sent on; ``seen`` marks
+    it queued for ``ttl_s``."""
+
+    dst: int
+    key: str
+    payload: bytes
+    state: dict[str, float]
+    seen: str
+    ttl_s: int
+
+
 # What recording a reply to forward did (see Store.accept_replies).
 REPLY_TAKEN_BEFORE, REPLY_QUEUED, REPLY_KEY_TAKEN = 0, 1, 2
 
@@ -253,6 +279,7 @@ class Store(SendQueues):
         self._withdraw = redis.register_script(_WITHDRAW)
         self._accept_reply = redis.register_script(_ACCEPT_REPLY)
         self._accept_remote = redis.register_script(_ACCEPT_REMOTE)
+        self._relay = redis.register_script(_RELAY)
         self._finish = redis.register_script(_FINISH)
         # Replies from many peers arrive at about the same time.
         self._finished_together = SharedRoundTrips(redis, replication)
@@ -317,6 +344,22 @@ class Store(SendQueues):
             else:
                 batch.command(item.push.lower(), item.queue, item.payload)
         return [bool(done) for done in await batch.run()]
+
+    async def relay_many(self, items: Sequence[RelayedMessage]) -> list[int]:
+        """Queue messages for twins this site relays, in one round trip; for each, its destination's send
+        queue length after it, or 0 for one queued already (same source twin and seen id)."""
+        batch = ScriptBatch(self.redis, self._replication)
+        for item in items:
+            script_keys = [
+                item.seen,
+                keys.REPLIES,
+                keys.REPLY_STATE,
+                keys.send_queue(item.dst),
+                keys.DESTINATIONS,
+            ]
+            args: list[Any] = [item.ttl_s, item.key, item.payload, json.dumps(item.state), item.dst]
+            batch.script(self._relay, script_keys, args)
+        return [int(length) for length in await batch.run()]
 
     async def depths(self) -> dict[str, int]:
         """Items waiting in each system queue, in the backlog and in the dead-letter list."""

@@ -316,7 +316,7 @@ class TwinLink:
     async def close(self) -> None:
         await self._link.close("the twins are stopping", code=1001)
 
-    async def _answer(self, site: int, messages: list[Any]) -> list[dict[str, Any]]:
+    async def _answer(self, site: int, messages: list[Any], _through_relay: bool) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
         for message in messages:
             try:

@@ -165,6 +165,7 @@ def test_port_in_use(twins_file: Path, redis_url: str, flag: str) -> None:
         (["--router-listen", "9443"], "'9443' is not HOST:PORT"),
         (["--twin", "1", "--uplink", "1"], "--uplink 1 is this site's own twin"),
         (["--uplink", "2", "--no-links"], "--uplink needs links (drop --no-links)"),
+        (["--relay", "--no-links"], "--relay needs links (drop --no-links)"),
     ],
 )
 def test_router_flags_are_checked(twins_file: Path, args: list[str], message: str) -> None:
