@@ -418,8 +418,12 @@ class Links:
                 if origin in self._asking:
                     return None
                 self._asking.add(origin)
+            # A link to the site of this site's own relay is the link to its relay, however it is opened.
+            to_relay = self._is_own_relay(origin)
             try:
-                link = await self._open(twin_id, url, twin.public_key, uplink=keeps_uplink)
+                link = await self._open(
+                    twin_id, url, twin.public_key, uplink=keeps_uplink or to_relay, to_relay=to_relay
+                )
             except LinkUnsupported as exc:
                 self._takes_links.discard(origin)
                 self._no_links_until[origin] = self._clock() + RECHECK_S
@@ -439,6 +443,8 @@ class Links:
                 if first_ask:
                     self._asking.discard(origin)
             self._takes_links.add(origin)
+            if to_relay:
+                self._relay_twins[origin] = link.peer
             await self._adopt(link)
             reader = asyncio.ensure_future(self._read(link))
             self._readers.add(reader)
@@ -621,7 +627,8 @@ class Links:
             raise DeliveryError(f"unusable relay address {relay!r}: {exc}") from exc
         origin = _origin(url)
         # Whatever opens the link to this site's own relay, the relay sends this site's messages over it.
-        uplink = uplink or (bool(self.relay) and origin == _relay_origin(self.relay))
+        to_relay = self._is_own_relay(origin)
+        uplink = uplink or to_relay
         link = self._relay_link(origin)
         if link is not None or not open_new or self._no_links_until.get(origin, 0.0) > self._clock():
             return link
@@ -631,7 +638,7 @@ class Links:
             if link is not None:
                 return link
             try:
-                link = await self._open(None, url, None, uplink=uplink)
+                link = await self._open(None, url, None, uplink=uplink, to_relay=to_relay)
             except LinkUnsupported as exc:
                 self._no_links_until[origin] = self._clock() + RECHECK_S
                 log.info("the relay at %s takes POSTs only (%s)", origin, exc)
@@ -642,6 +649,9 @@ class Links:
             self._readers.add(reader)
             reader.add_done_callback(self._readers.discard)
             return link
+
+    def _is_own_relay(self, origin: str) -> bool:
+        return bool(self.relay) and origin == _relay_origin(self.relay)
 
     def _relay_link(self, origin: str) -> Link | None:
         """The open link this site opened to the relay at ``origin``, if any."""
@@ -751,9 +761,12 @@ class Links:
         except ValueError as exc:
             raise DeliveryError(f"twin {twin_id} has an unusable address {twin.address!r}: {exc}") from exc
 
-    async def _open(self, twin_id: int | None, url: str, public_key: bytes | None, *, uplink: bool) -> Link:
+    async def _open(
+        self, twin_id: int | None, url: str, public_key: bytes | None, *, uplink: bool, to_relay: bool = False
+    ) -> Link:
         """Open a link to twin ``twin_id`` at ``url`` (whose key is ``public_key``), or (``twin_id`` None) to
-        the relay there, whichever twin it is; ``uplink``: kept open for the other end to send over it."""
+        the relay there, whichever twin it is; ``uplink``: kept open for the other end to send over it;
+        ``to_relay``: this site's link to its relay."""
         what = f"twin {twin_id}" if twin_id is not None else "the relay"
         try:
             ws = await self._http.websocket(
@@ -794,7 +807,7 @@ class Links:
             opened_here=True,
             peer_max_bytes=peer_max_bytes,
             uplink=uplink,
-            to_relay=twin_id is None and uplink,
+            to_relay=to_relay,
             clock=self._clock,
         )
 
