@@ -389,6 +389,10 @@ class Links:
             return link
         twin = await self._known_twin(twin_id)
         if twin_id in self._uplinked or (twin is not None and self._by_uplink_only(twin)):
+            if twin_id not in self._uplinked:
+                # Listed among the uplinks (closed, since now) while what waits for it waits.
+                self._uplinked.add(twin_id)
+                self._uplink_since[twin_id] = time.time()
             raise DeliveryError(
                 f"twin {twin_id} is reached over the uplink it opens to this site, and none is open",
                 kind="unreachable",

@@ -444,6 +444,10 @@ async def open_site(
 
     sealer = Sealer(signer.encryption_key())
     own_relay = await _own_relay(resolver, twin, sealer)
+    if own_relay and not settings.links:
+        log.error(
+            "this site's twin entry names the relay %s, but with --no-links it keeps no link to it", own_relay
+        )
     links = None
     if settings.links:
         links = Links(

@@ -92,6 +92,9 @@ def test_a_relay_carries_both_ways_keeps_what_waits_through_a_crash_and_reads_no
             wait_until(lambda: to_edge.done() and to_cloud.done(), 60, "the first half answered")
             (at_edge_end,) = read_daemon(edge.url).uplinks
             assert (at_edge_end.twin, at_edge_end.direction, at_edge_end.open) == (RELAY, "relay", True)
+            # The relay lists the twins it relays.
+            (at_relay_end,) = read_daemon(relay.url).uplinks
+            assert (at_relay_end.twin, at_relay_end.direction, at_relay_end.open) == (EDGE, "in", True)
 
             # The relay crashes; what is pushed meanwhile waits at the cloud and the edge, and what the relay
             # took before it went down is kept in its Redis.
@@ -171,3 +174,23 @@ def test_a_relay_refuses_a_link_in_a_twin_name_without_its_key(tmp_path: Path) -
         assert read_daemon(impostor.url).uplinks[0].open is False
     finally:
         cluster.cleanup()
+
+
+def test_a_site_that_sends_posts_reaches_a_relayed_twin_at_its_relay(tmp_path: Path) -> None:
+    cluster, cloud, relay, _edge = relayed_cluster(tmp_path)
+    cloud.extra_args = [*cloud.extra_args, "--no-links"]
+    cluster.launch()
+    to_edge = Answers(cluster.redis[0].url)
+    try:
+        with RawService(cluster.redis[2].url, "edge.echo", handler=lambda data: b"edge:" + data) as at_edge:
+            wait_until(lambda: "opened its uplink" in relay.log(), 20, "the edge's link to its relay")
+            for n in range(20):
+                to_edge.push(EDGE, "edge.echo", SECRET + b"-%d" % n)
+            wait_until(to_edge.done, 60, "every request answered")
+        cloud_log = cloud.log()
+    finally:
+        cluster.cleanup()
+    got = {ret: (replies[0].err, replies[0].payload) for ret, replies in to_edge.replies.items()}
+    assert got == {ret: ("", b"edge:" + payload) for ret, payload in to_edge.rets.items()}
+    assert sorted(at_edge.payloads.values()) == [1] * 20
+    assert "opened a link" not in cloud_log
