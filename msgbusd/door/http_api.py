@@ -222,7 +222,8 @@ class Door:
     def _opened(self, env: Envelope, source: Twin) -> Envelope:
         """A message that came through this site's relay, for this twin, with its payload decrypted."""
         if not env.dst or env.dst[0] != self.twin:
-            raise self._rejected("invalid", 400, f"the relay sent a message for twin {env.dst[:1]}", env)
+            message = f"the relay sent a message for {f'twin {env.dst[0]}' if env.dst else 'no twin'}"
+            raise self._rejected("invalid", 400, message, env)
         if self.sealer is None:
             raise self._rejected("invalid", 400, "this site takes no messages through a relay", env)
         try:

@@ -362,14 +362,16 @@ class Store(SendQueues):
         return [int(length) for length in await batch.run()]
 
     async def depths(self) -> dict[str, int]:
-        """Items waiting in each system queue, in the backlog and in the dead-letter list."""
+        """Items waiting in each system queue, in the backlog and in the dead-letter list, and the replies
+        waiting to go back to other sites (at a relay, with the messages it holds for the twins it relays)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for queue in keys.SYSTEM_QUEUES:
                 pipe.llen(queue)
             pipe.hlen(keys.BACKLOG)
             pipe.llen(keys.DEAD_LETTER)
+            pipe.hlen(keys.REPLIES)
             counts = await pipe.execute()
-        names = [*keys.SYSTEM_QUEUES, keys.BACKLOG, keys.DEAD_LETTER]
+        names = [*keys.SYSTEM_QUEUES, keys.BACKLOG, keys.DEAD_LETTER, keys.REPLIES]
         return {name: int(count) for name, count in zip(names, counts, strict=True)}
 
     async def overdue(self, now: float) -> int:

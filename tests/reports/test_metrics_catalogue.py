@@ -15,7 +15,7 @@ from wire import keys
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 ROW = re.compile(r"^\| `(msgbus_\w+)` \| (\w+) \|\s*(.*?)\s*\| [^|]+ \|$", re.MULTILINE)
-QUEUES = (*keys.SYSTEM_QUEUES, keys.BACKLOG, keys.DEAD_LETTER)
+QUEUES = (*keys.SYSTEM_QUEUES, keys.BACKLOG, keys.DEAD_LETTER, keys.REPLIES)
 # Labels that would make a series per message or per peer.
 UNBOUNDED = {"uid", "ret", "twin", "src", "dst", "cmd", "peer"}
 

@@ -130,6 +130,8 @@ def test_a_relay_carries_both_ways_keeps_what_waits_through_a_crash_and_reads_no
     assert not at_relay.payloads
     # Every request and reply went through the relay (the edge has no address) ...
     assert relay_metrics['msgbus_messages_total{event="relayed"}'] >= EACH_WAY // 2
+    # Everything it held went on: nothing is left at the relay.
+    assert relay_metrics['msgbus_queue_length{queue="msgbus.system.replies"}'] == 0
     monitored = tap.text()
     assert "relay:" in monitored
     # ... and the payload never reached its Redis, its log or its event log in a form it can read.
