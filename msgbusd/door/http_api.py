@@ -199,6 +199,8 @@ class Door:
         from any twin; the payloads of the others' are decrypted."""
         results: list[dict[str, object]] = [{"status": 200} for _ in messages]
         accepted: list[tuple[str, Envelope]] = []
+        # Requests through the relay whose payload does not decrypt: their callers get the error as a reply.
+        unreadable: list[Inbound] = []
         for index, message in enumerate(messages):
             try:
                 path, env = batch_item(message)
@@ -209,7 +211,13 @@ class Door:
                 source = await self.check(env, through_relay=through_relay)
                 self.refuse_proxied(env)
                 if through_relay:
-                    env = self._opened(env, source)
+                    try:
+                        env = self._opened(env, source)
+                    except SealError as exc:
+                        if path != REMOTE_PATH:
+                            raise self._rejected("invalid", 400, str(exc), env) from exc
+                        unreadable.append(self._unreadable(env, str(exc)))
+                        continue
                 else:
                     await self._check_relayed(env)
             except RejectedRequest as exc:
@@ -217,19 +225,30 @@ class Door:
                 continue
             accepted.append((path, env))
         await self.take(accepted)
+        if unreadable:
+            await self.store.queue_from_peers(unreadable)
         return results
 
     def _opened(self, env: Envelope, source: Twin) -> Envelope:
-        """A message that came through this site's relay, for this twin, with its payload decrypted."""
+        """A message that came through this site's relay, for this twin, with its payload decrypted; raises
+        :class:`SealError` when it does not decrypt."""
         if not env.dst or env.dst[0] != self.twin:
             message = f"the relay sent a message for {f'twin {env.dst[0]}' if env.dst else 'no twin'}"
             raise self._rejected("invalid", 400, message, env)
         if self.sealer is None:
             raise self._rejected("invalid", 400, "this site takes no messages through a relay", env)
-        try:
-            return self.sealer.open(env, source)
-        except SealError as exc:
-            raise self._rejected("invalid", 400, str(exc), env) from exc
+        return self.sealer.open(env, source)
+
+    def _unreadable(self, env: Envelope, reason: str) -> Inbound:
+        """The error reply to a request whose payload this site cannot decrypt (it came through the relay,
+        which would send it again and again): taken like a service's reply, so its caller reads why."""
+        self.metrics.error("invalid")
+        self.events.emit(ev.REJECTED, env, status=400, error=reason)
+        log.warning(
+            "request uid=%s from twin %s came through the relay unreadable: %s", env.uid, env.src, reason
+        )
+        error = env.replace(src=self.twin, dst=(env.src,), err=reason, dat="", now=int(self.clock()), sig="")
+        return Inbound(keys.REPLY, error.encode())
 
     def _record_hand_overs(self, items: list[Inbound], queued: list[bool]) -> None:
         if not self.events.enabled:

@@ -196,3 +196,34 @@ def test_a_site_that_sends_posts_reaches_a_relayed_twin_at_its_relay(tmp_path: P
     assert got == {ret: ("", b"edge:" + payload) for ret, payload in to_edge.rets.items()}
     assert sorted(at_edge.payloads.values()) == [1] * 20
     assert "opened a link" not in cloud_log
+
+
+def test_a_request_the_relayed_twin_cannot_decrypt_is_answered_with_why(tmp_path: Path) -> None:
+    cluster, cloud, relay, edge = relayed_cluster(tmp_path)
+    to_edge = Answers(cluster.redis[0].url)
+    try:
+        cluster.write_twins()
+        # The cloud's entry names a key that is not its own: the edge cannot decrypt what the cloud sends.
+        with open(cluster.twins_file) as file:
+            twins = json.load(file)
+        for entry in twins["twins"]:
+            if entry["id"] == CLOUD:
+                entry["pk"] = edge.encryption_key.hex()
+        with open(cluster.twins_file, "w") as file:
+            json.dump(twins, file)
+        for site in (cloud, relay, edge):
+            site.start()
+        with RawService(cluster.redis[2].url, "edge.echo") as at_edge:
+            wait_until(lambda: "opened its uplink" in relay.log(), 20, "the edge's link to its relay")
+            for n in range(5):
+                to_edge.push(EDGE, "edge.echo", b"%d" % n)
+            wait_until(to_edge.done, 30, "every request answered")
+    finally:
+        cluster.cleanup()
+    errors = {replies[0].err for replies in to_edge.replies.values()}
+    assert len(errors) == 1
+    (error,) = errors
+    assert error.startswith(
+        f"couldn't decrypt the payload from twin {CLOUD}: not encrypted for this site's key"
+    )
+    assert not at_edge.payloads
