@@ -14,10 +14,12 @@ import pytest
 import redis
 
 from client.status import read_daemon
+from msgbusd.site.instance import pick
 from testing.local_sites import LocalCluster, SiteProcess, wait_until
 from tests.support.answers import Answers
 from tests.support.metrics import scrape
 from tests.support.services import RawService
+from wire import keys
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
@@ -227,3 +229,43 @@ def test_a_request_the_relayed_twin_cannot_decrypt_is_answered_with_why(tmp_path
         f"couldn't decrypt the payload from twin {CLOUD}: not encrypted for this site's key"
     )
     assert not at_edge.payloads
+
+
+def test_at_a_relay_of_two_processes_the_one_a_twins_link_lands_on_sends_it_what_both_take(
+    tmp_path: Path,
+) -> None:
+    # Senders reach either process of the relay; the lease of sending to the edge would go to WINNER by
+    # rendezvous hashing, but the edge's link is open to the other one, started first.
+    cluster = LocalCluster(size=3, processes=2, extra_args=["--link-after", "1"]).prepare()
+    cloud, relay, edge = cluster.sites
+    (sibling,) = cluster.siblings[RELAY]
+    cluster.siblings[CLOUD], cluster.siblings[EDGE] = [], []
+    relay.extra_args = [*relay.extra_args, "--relay", "--instance", "relay-a"]
+    sibling.extra_args = [*sibling.extra_args, "--relay", "--instance", "relay-b"]
+    winner = pick(str(EDGE), ["relay-a", "relay-b"])
+    (first, first_name), second = (
+        ((sibling, "relay-b"), relay) if winner == "relay-a" else ((relay, "relay-a"), sibling)
+    )
+    edge.advertised_address = ""
+    edge.relay = relay.address
+    to_edge = Answers(cluster.redis[0].url)
+    try:
+        cluster.write_twins()
+        first.start()
+        edge.start()
+        wait_until(lambda: "opened its uplink" in first.log(), 20, "the edge's link to its relay")
+        second.start()
+        cloud.start()
+        with redis.Redis.from_url(cluster.redis[1].url) as conn:
+            wait_until(lambda: conn.zcard(keys.INSTANCES) == 2, 20, "both relay processes live")
+        with RawService(cluster.redis[2].url, "edge.echo", handler=lambda data: b"edge:" + data) as at_edge:
+            for n in range(100):
+                to_edge.push(EDGE, "edge.echo", b"%d" % n)
+            wait_until(to_edge.done, 60, "every request answered")
+        with redis.Redis.from_url(cluster.redis[1].url, decode_responses=True) as conn:
+            sender = conn.hget(keys.OWNERS, str(EDGE))
+    finally:
+        cluster.cleanup()
+    assert all(replies[0].err == "" for replies in to_edge.replies.values())
+    assert sorted(at_edge.payloads.values()) == [1] * 100
+    assert sender == first_name != winner
