@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -151,3 +153,18 @@ def test_invalid_message_text() -> None:
 )
 def test_durations_are_formatted_like_go(seconds: float, text: str) -> None:
     assert go_duration(seconds) == text
+
+
+def test_without_orjson_the_standard_library_encodes_and_parses_the_same() -> None:
+    # The client library's install has no orjson: wire.envelope runs on json alone, with the same bytes.
+    script = (
+        "import sys; sys.modules['orjson'] = None\n"
+        "from wire.envelope import Envelope, _orjson\n"
+        "assert _orjson is None\n"
+        "env = Envelope(uid='2.1', cmd='é\\n', dat='AA==', src=1, dst=(2, 3), now=5)\n"
+        "sys.stdout.buffer.write(env.encode())\n"
+        "assert Envelope.decode(env.encode()) == env\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True)
+    env = Envelope(uid="2.1", cmd="é\n", dat="AA==", src=1, dst=(2, 3), now=5)
+    assert result.stdout == env.encode()

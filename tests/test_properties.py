@@ -129,6 +129,61 @@ def test_arbitrary_json_values_decode_or_raise_the_decode_error(value: Any) -> N
         assert isinstance(value, dict)
 
 
+def _standard_decode(raw: bytes) -> Envelope | str:
+    """What decoding ``raw`` with the standard library's parser alone gives: the envelope, or the error."""
+    try:
+        return Envelope.from_wire(json.loads(raw), raw)
+    except (ValueError, RecursionError) as exc:
+        return str(exc) if isinstance(exc, EnvelopeDecodeError) else "invalid JSON"
+
+
+@EXAMPLES
+@given(envelopes)
+def test_the_encoding_is_the_standard_librarys_byte_for_byte(env: Envelope) -> None:
+    # The daemon encodes with orjson where it is installed; the client library with json alone.
+    assert env.encode() == json.dumps(env.to_wire(), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@EXAMPLES
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(WIRE_KINDS)),
+        json_values
+        | st.integers(-(2**70), 2**70)
+        | st.floats(allow_nan=True)
+        | st.lists(st.integers(-(2**70), 2**70)),
+        max_size=6,
+    )
+)
+def test_decoding_gives_what_the_standard_librarys_parser_gives(obj: dict[str, Any]) -> None:
+    raw = json.dumps(obj).encode()
+    try:
+        decoded: Envelope | str = Envelope.decode(raw)
+    except EnvelopeDecodeError as exc:
+        decoded = "invalid JSON" if exc.reason.startswith("invalid JSON") else str(exc)
+    assert decoded == _standard_decode(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"exp": 1180591620717411303424}',
+        b'{"dst": [1, -1180591620717411303424]}',
+        b'{"now": 18446744073709551615}',
+        b'{"src": 1e400}',
+        b'{"exp": NaN}',
+        b'{"cmd": "\\ud800"}',
+        '{"cmd": "é"}'.encode("utf-16"),
+    ],
+)
+def test_what_orjson_reads_otherwise_is_read_as_the_standard_library_reads_it(raw: bytes) -> None:
+    try:
+        decoded: Envelope | str = Envelope.decode(raw)
+    except EnvelopeDecodeError as exc:
+        decoded = "invalid JSON" if exc.reason.startswith("invalid JSON") else str(exc)
+    assert decoded == _standard_decode(raw)
+
+
 @EXAMPLES
 @given(st.text(max_size=200))
 def test_arbitrary_text_decodes_or_raises_the_decode_error(text: str) -> None:

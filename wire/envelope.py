@@ -1,6 +1,7 @@
 """The RMB envelope: one immutable value and its JSON wire form.
 
-Standard library only and no I/O, so that the client library, the daemon and tools share it.
+Standard library only and no I/O, so that the client library, the daemon and tools share it; where orjson is
+installed (the daemon's extra) it encodes and parses, with the same bytes and the same results.
 Wire rules (see the RMB contract): encoding always writes the 14 keys in a fixed order; decoding matches key
 names case-insensitively, ignores unknown keys, gives a missing (or null) key its zero value and rejects a
 wrongly typed value with :class:`EnvelopeDecodeError`.
@@ -14,6 +15,11 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+try:
+    import orjson as _orjson
+except ImportError:  # the client library's install: the standard library does it all
+    _orjson = None  # type: ignore[assignment]
 
 PROTOCOL_VERSION = 1
 # The lifetime of a request whose ``exp`` is 0.
@@ -110,7 +116,13 @@ class Envelope:
         return out
 
     def encode(self) -> bytes:
-        return json.dumps(self.to_wire(), separators=(",", ":"), ensure_ascii=False).encode()
+        wire = self.to_wire()
+        if _orjson is not None:
+            try:
+                return _orjson.dumps(wire)
+            except _orjson.JSONEncodeError:
+                pass  # what only the standard library writes, or its own error (a lone surrogate)
+        return json.dumps(wire, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
     def from_wire(cls, obj: Any, raw: bytes = b"") -> Envelope:
@@ -130,10 +142,34 @@ class Envelope:
     def decode(cls, raw: bytes | str) -> Envelope:
         data = raw.encode() if isinstance(raw, str) else raw
         try:
-            obj = json.loads(data)
+            obj = _parse(data)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise EnvelopeDecodeError(f"invalid JSON: {exc}", data) from exc
         return cls.from_wire(obj, data)
+
+
+def _parse(data: bytes) -> Any:
+    """``data`` parsed as JSON, as the standard library parses it."""
+    if _orjson is not None:
+        try:
+            obj = _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass  # what only the standard library reads (lone surrogates, NaN, UTF-16), or its own error
+        else:
+            # orjson reads an integer beyond 64 bits as a float: such an envelope is refused, in the
+            # standard library's words.
+            if not _has_float(obj):
+                return obj
+    return json.loads(data)
+
+
+def _has_float(obj: Any) -> bool:
+    if not isinstance(obj, dict):
+        return isinstance(obj, float)
+    return any(
+        isinstance(value, float) or (isinstance(value, list) and any(isinstance(v, float) for v in value))
+        for value in obj.values()
+    )
 
 
 def encode_payload(data: bytes) -> str:
