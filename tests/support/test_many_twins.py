@@ -195,7 +195,8 @@ async def test_bad_requests_get_go_rmbs_answers_and_the_twins_keep_serving(
         b"": "couldn't parse json",
         b"{not json": "couldn't parse json",
         b'{"src": "1"}': "couldn't parse json",
-        fake_site.request(1000, b"old", age_s=120).encode(): "message is too old, sent since 2m0",
+        # Two minutes old when stamped; the answer counts to when it arrived.
+        fake_site.request(1000, b"old", age_s=120).encode(): "message is too old, sent since 2m",
         fake_site.signer.sign(request.replace(src=77)).encode(): "source twin 77 not found",
         stranger.sign(request).encode(): "couldn't verify signature",
         request.replace(dat=encode_payload(b"changed")).encode(): "couldn't verify signature",
