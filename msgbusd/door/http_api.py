@@ -163,11 +163,11 @@ class Door:
         """Hand on checked envelopes that came in on ``/zbus-remote`` or ``/zbus-reply``: valid requests to
         their service's list (once per lifetime), replies for this twin to their callers, anything else to
         the daemon's queues (which answer invalid requests with an error)."""
-        relayed = [(path == REMOTE_PATH, env) for path, env in messages if self._relays(env)]
-        if relayed:
-            assert self.relaying is not None
-            await self.relaying.take(relayed)
-            messages = [(path, env) for path, env in messages if not self._relays(env)]
+        if self.relaying is not None:
+            relayed = [(path == REMOTE_PATH, env) for path, env in messages if self._relays(env)]
+            if relayed:
+                await self.relaying.take(relayed)
+                messages = [(path, env) for path, env in messages if not self._relays(env)]
         replies = [env for path, env in messages if path == REPLY_PATH and self._for_our_callers(env)]
         items = [
             self._inbound(path, env)

@@ -449,10 +449,7 @@ class Links:
             self._takes_links.add(origin)
             if to_relay:
                 self._relay_twins[origin] = link.peer
-            await self._adopt(link)
-            reader = asyncio.ensure_future(self._read(link))
-            self._readers.add(reader)
-            reader.add_done_callback(self._readers.discard)
+            await self._start_reading(link)
             return link
 
     async def serve(self, websocket: WebSocket) -> None:
@@ -648,11 +645,15 @@ class Links:
                 log.info("the relay at %s takes POSTs only (%s)", origin, exc)
                 return None
             self._relay_twins[origin] = link.peer
-            await self._adopt(link)
-            reader = asyncio.ensure_future(self._read(link))
-            self._readers.add(reader)
-            reader.add_done_callback(self._readers.discard)
+            await self._start_reading(link)
             return link
+
+    async def _start_reading(self, link: Link) -> None:
+        """Count a link this site opened among its links and read it in a task of its own."""
+        await self._adopt(link)
+        reader = asyncio.ensure_future(self._read(link))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
 
     def _is_own_relay(self, origin: str) -> bool:
         return bool(self.relay) and origin == _relay_origin(self.relay)

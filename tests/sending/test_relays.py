@@ -69,6 +69,16 @@ def relayed_cluster(tmp_path: Path) -> tuple[LocalCluster, SiteProcess, SiteProc
     return cluster, cloud, relay, edge
 
 
+def write_twins_with(cluster: LocalCluster, twin: int, **fields: str) -> None:
+    """Write the cluster's twin map with ``fields`` changed in ``twin``'s entry."""
+    cluster.write_twins()
+    twins = json.loads(cluster.twins_file.read_text())
+    for entry in twins["twins"]:
+        if entry["id"] == twin:
+            entry.update(fields)
+    cluster.twins_file.write_text(json.dumps(twins))
+
+
 def secret_forms(payload: bytes) -> list[str]:
     """How a payload could show up in text: as it is, and base64-encoded (as in an envelope's dat)."""
     return [payload.decode(), base64.b64encode(payload).decode()[:-4]]
@@ -123,8 +133,7 @@ def test_a_relay_carries_both_ways_keeps_what_waits_through_a_crash_and_reads_no
         cluster.cleanup()
 
     for answers, prefix in ((to_edge, b"edge:"), (to_cloud, b"cloud:")):
-        got = {ret: (replies[0].err, replies[0].payload) for ret, replies in answers.replies.items()}
-        assert got == {ret: ("", prefix + payload) for ret, payload in answers.rets.items()}
+        assert answers.first_replies() == answers.echoed(prefix)
     assert extra == (0, 0)
     # Executed once each, at the edge and the cloud; never at the relay.
     assert sorted(at_edge.payloads.values()) == [1] * EACH_WAY
@@ -162,15 +171,8 @@ def test_a_relay_refuses_a_link_in_a_twin_name_without_its_key(tmp_path: Path) -
     cluster.sites[EDGE - 1] = impostor
     impostor.relay, impostor.advertised_address = edge.relay, ""
     try:
-        cluster.write_twins()
         # The twin map names the real edge's key; the impostor signs with another.
-        with open(cluster.twins_file) as file:
-            twins = json.load(file)
-        for entry in twins["twins"]:
-            if entry["id"] == EDGE:
-                entry["account"] = edge.public_key.hex()
-        with open(cluster.twins_file, "w") as file:
-            json.dump(twins, file)
+        write_twins_with(cluster, EDGE, account=edge.public_key.hex())
         relay.start()
         impostor.start()
         wait_until(lambda: f"not signed by twin {EDGE}" in relay.log(), 20, "the relay to refuse the link")
@@ -194,8 +196,7 @@ def test_a_site_that_sends_posts_reaches_a_relayed_twin_at_its_relay(tmp_path: P
         cloud_log = cloud.log()
     finally:
         cluster.cleanup()
-    got = {ret: (replies[0].err, replies[0].payload) for ret, replies in to_edge.replies.items()}
-    assert got == {ret: ("", b"edge:" + payload) for ret, payload in to_edge.rets.items()}
+    assert to_edge.first_replies() == to_edge.echoed(b"edge:")
     assert sorted(at_edge.payloads.values()) == [1] * 20
     assert "opened a link" not in cloud_log
 
@@ -204,15 +205,8 @@ def test_a_request_the_relayed_twin_cannot_decrypt_is_answered_with_why(tmp_path
     cluster, cloud, relay, edge = relayed_cluster(tmp_path)
     to_edge = Answers(cluster.redis[0].url)
     try:
-        cluster.write_twins()
         # The cloud's entry names a key that is not its own: the edge cannot decrypt what the cloud sends.
-        with open(cluster.twins_file) as file:
-            twins = json.load(file)
-        for entry in twins["twins"]:
-            if entry["id"] == CLOUD:
-                entry["pk"] = edge.encryption_key.hex()
-        with open(cluster.twins_file, "w") as file:
-            json.dump(twins, file)
+        write_twins_with(cluster, CLOUD, pk=edge.encryption_key.hex())
         for site in (cloud, relay, edge):
             site.start()
         with RawService(cluster.redis[2].url, "edge.echo") as at_edge:

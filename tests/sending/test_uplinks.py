@@ -71,8 +71,7 @@ def test_a_site_without_an_address_is_reached_over_its_uplink_and_after_the_clou
         cluster.cleanup()
 
     for answers, prefix in ((to_edge, b"edge:"), (to_cloud, b"cloud:")):
-        got = {ret: (replies[0].err, replies[0].payload) for ret, replies in answers.replies.items()}
-        assert got == {ret: ("", prefix + payload) for ret, payload in answers.rets.items()}
+        assert answers.first_replies() == answers.echoed(prefix)
     assert extra == (0, 0)
     # Executed once each, nothing lost.
     assert sorted(at_edge.payloads.values()) == [1] * EACH_WAY

@@ -45,3 +45,12 @@ class Answers:
         """Replies beyond the first of each request, still queued or already taken."""
         queued = sum(int(self.conn.llen(ret)) for ret in self.rets)
         return queued + sum(len(replies) - 1 for replies in self.replies.values())
+
+    def first_replies(self) -> dict[str, tuple[str, bytes]]:
+        """Each request's first reply: its error and its payload."""
+        return {ret: (replies[0].err, replies[0].payload) for ret, replies in self.replies.items()}
+
+    def echoed(self, prefix: bytes) -> dict[str, tuple[str, bytes]]:
+        """What :meth:`first_replies` is when every request was answered by a service that echoes after
+        ``prefix``."""
+        return {ret: ("", prefix + payload) for ret, payload in self.rets.items()}
