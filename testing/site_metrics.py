@@ -27,3 +27,15 @@ def peers_probed(site: SiteProcess) -> int:
     return sum(
         1 for peer in response.json()["peers"] if peer["state"] == "down" and peer.get("probes", 0) >= 1
     )
+
+
+def samples(site: SiteProcess, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample of ``name`` in ``site``'s ``/metrics``, by its labels."""
+    response = httpx.get(f"{site.url}/metrics", timeout=10.0, trust_env=False)
+    response.raise_for_status()
+    return {
+        tuple(sorted(sample.labels.items())): float(sample.value)
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == name
+    }

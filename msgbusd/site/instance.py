@@ -82,6 +82,10 @@ class Instance:
         # their age (after an outage of Redis every instance's last beat is old).
         self._beating_since: float | None = None
         self._next_sweep = 0.0
+        # Work under a lease held here may have been queued without this instance hearing of it (another
+        # instance was live, or announcements were lost) since the last sweep: the sweep has the senders of
+        # such leases read their queues again. With this instance alone, all it queued it knows.
+        self._unheard_since_sweep = True
         self._processes: dict[str, ProcessInfo | None] = {}
         # Leases that go to a given instance while it is live (a twin's sending, to the instance its uplink
         # is open to), read at each beat.
@@ -164,6 +168,7 @@ class Instance:
                 if failures:
                     # Announcements may have been lost meanwhile: look over the waiting work now.
                     self._next_sweep = 0.0
+                    self._unheard_since_sweep = True
                     self._leases.work.set()
                 failures = 0
                 while not stopping.is_set():
@@ -205,6 +210,8 @@ class Instance:
         live = (live - buried) | {self.id}
         if buried or live != set(self.live):
             swept = True
+        if len(live) > 1 or len(self.live) > 1:
+            self._unheard_since_sweep = True
         self.live = sorted(live)
         self.preferred = await self._store.uplink_holders()
         if swept or self._clock() >= self._next_sweep:
@@ -250,9 +257,13 @@ class Instance:
         ``taken_over``: what is gained was left by a previous run or a dead instance."""
         self._next_sweep = self._clock() + SWEEP_S
         self._leases.forget_holders()
+        look_again, self._unheard_since_sweep = self._unheard_since_sweep or taken_over, False
         names = [keys.LOCAL_LEASE, keys.REPLY_LEASE, keys.TIMERS_LEASE, *map(str, await self._pending())]
         await self._claim(
-            {name: self._pick(name, self.live) for name in names}, "changed", resumed=taken_over
+            {name: self._pick(name, self.live) for name in names},
+            "changed",
+            resumed=taken_over,
+            look_again=look_again,
         )
 
     def _rebalance(self) -> None:
@@ -301,11 +312,17 @@ class Instance:
             if self.preferred.get(name) == self.id:
                 del self.preferred[name]
 
-    async def _claim(self, proposed: Mapping[str, str], tell: Tell, *, resumed: bool) -> None:
+    async def _claim(
+        self, proposed: Mapping[str, str], tell: Tell, *, resumed: bool, look_again: bool = True
+    ) -> None:
+        """Claim the leases of ``proposed``; ``look_again``: those already held here may hold work this
+        instance was not told of (their users look again)."""
         holders = await self._store.claim(self.id, proposed, self.lease_s, tell)
         for name, holder in holders.items():
             if holder == self.id:
-                self._leases.gained(name, resumed=resumed and not self._leases.holds(name))
+                already = self._leases.holds(name)
+                if not already or look_again:
+                    self._leases.gained(name, resumed=resumed and not already)
             else:
                 self._leases.held_elsewhere(name, holder)
 

@@ -9,7 +9,7 @@ import redis
 from client.sync import Client
 from testing.local_sites import LocalCluster
 from testing.many_twins import ManyTwinsProcess
-from testing.site_metrics import metric
+from testing.site_metrics import metric, samples
 from wire import keys
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
@@ -32,7 +32,12 @@ def test_first_messages_to_many_new_twins_are_sent_without_reading_their_queues_
                 }
         # 300 twins through 20 senders' places: most waited in line, with their message kept for them.
         assert (metric(site, "msgbus_messages_total", event="sent") or 0) == 600
-        assert metric(site, "msgbus_send_queue_reads_total") == 0
+        # A send that failed (the twin or Redis slow to answer on a loaded machine) is sent again from Redis:
+        # only that reads a queue back.
+        failures = samples(site, "msgbus_errors_total")
+        retried = metric(site, "msgbus_messages_total", event="retried") or 0
+        reads = metric(site, "msgbus_send_queue_reads_total")
+        assert reads is not None and reads <= sum(failures.values()) + retried, (reads, failures, retried)
         per_twin = harness.stats(per_twin=True)["per_twin"]
         assert per_twin == {str(twin): {"received": 2, "answered": 2} for twin in harness.up_ids}
         # A twin's lease is freed when its sender stops (here, to give its place to another twin): only the

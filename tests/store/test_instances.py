@@ -255,3 +255,34 @@ async def test_work_too_big_to_carry_is_announced_by_name_only() -> None:
     # Work known only in part is read from Redis by its holder.
     assert leases.take_claims() == (set(), set(), {"7": Notice("b"), "8": Notice("b")})
     assert read_announcement(announcement("7", None)) == ("7", None)
+
+
+async def test_a_sweep_has_held_leases_looked_at_again_only_when_work_may_have_come_unheard(
+    async_redis: aioredis.Redis,
+) -> None:
+    now = [1000.0]
+    store = InstanceStore(async_redis)
+    leases = Leases("a")
+    gained: list[tuple[str, bool]] = []
+    leases.on_gained = lambda name, resumed: gained.append((name, resumed))
+
+    async def destination_7() -> list[int]:
+        return [7]
+
+    instance = Instance(
+        store, leases, lease_s=LEASE_S, queues=[], pending=destination_7, clock=lambda: now[0]
+    )
+
+    async def sweep() -> list[str]:
+        gained.clear()
+        now[0] += 10  # past the next sweep
+        await instance.beat_and_settle()
+        return [name for name, _ in gained if name.isdigit()]
+
+    await instance.beat_and_settle(force_sweep=True)
+    assert ("7", True) in gained  # what a previous run left is taken over
+    # Alone, this instance queued all the work under its leases itself: nothing to look at again.
+    assert await sweep() == []
+    # Another instance live: it may have queued work for 7 unheard.
+    await store.heartbeat("b", {}, 60)
+    assert await sweep() == ["7"]
