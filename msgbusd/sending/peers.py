@@ -360,11 +360,13 @@ class Peer:
     async def _transmit(self, items: list[SendItem], *, replies_only: bool) -> list[DeliveryError | None]:
         links = self._peers.links
         link = None
+        now = time.monotonic()
+        # One message now and then goes in a POST whose connection is not kept.
+        lone = len(items) == 1 and now - self._sent_at >= BUSY_WITHIN_S
+        # A link pays for its handshake only if more follows.
+        busy = len(items) >= self._peers.link_after or now - self._sent_at < BUSY_WITHIN_S
+        self._sent_at = now
         if links is not None:
-            # A link pays for its handshake only if more follows: one message now and then goes in a POST.
-            now = time.monotonic()
-            busy = len(items) >= self._peers.link_after or now - self._sent_at < BUSY_WITHIN_S
-            self._sent_at = now
             try:
                 link = await links.link_to(self.twin, replies_only=replies_only, open_new=busy)
             except DeliveryError as exc:
@@ -384,7 +386,7 @@ class Peer:
             results = await send_envelopes(link, signed, self._peers.links_timeout_s)
             self._peers.metrics.observe_send("link", time.perf_counter() - started)
             return results
-        return await self._peers.posts.send_many(self.twin, signed)
+        return await self._peers.posts.send_many(self.twin, signed, keep_alive=not lone)
 
     # --- a peer that is down -----------------------------------------------------------------------------
 

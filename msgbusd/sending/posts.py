@@ -16,7 +16,7 @@ from msgbusd.reports.metrics import Metrics
 from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients, HttpFailed, HttpReply
 from twin_resolver.address import peer_url
-from twin_resolver.base import Resolver, ResolverError, TwinNotFound
+from twin_resolver.base import Resolver, ResolverError, Twin, TwinNotFound
 
 log = logging.getLogger("msgbusd.posts")
 
@@ -25,6 +25,8 @@ REPLY_PATH = "/zbus-reply"
 # msgbus sites carry many envelopes per POST here; other RMB daemons answer 404 and get one per POST.
 BATCH_PATH = "/zbus-batch"
 JSON_CONTENT = (("content-type", "application/json"),)
+# A POST after which its connection is closed rather than kept for the next one.
+CLOSING = (*JSON_CONTENT, ("connection", "close"))
 # A probe of a site that is down: an empty batch (msgbus sites answer 200, go-rmb sites 404).
 EMPTY_BATCH = b'{"messages": []}'
 # The longest wait a peer's Retry-After can ask for.
@@ -60,10 +62,12 @@ class PostClient:
         # Twins that answered 404 to a batch, until when to send them one message per POST.
         self._batch_unsupported: dict[int, float] = {}
 
-    async def send(self, twin_id: int, path: str, envelope: bytes) -> None:
-        """POST one encoded, signed envelope to ``path`` of ``twin_id``'s site."""
-        url = await self._url(twin_id, path)
-        response = await self._post(twin_id, url, envelope)
+    async def send(self, twin_id: int, path: str, envelope: bytes, *, keep_alive: bool = True) -> None:
+        """POST one encoded, signed envelope to ``path`` of ``twin_id``'s site; ``keep_alive``: keep the
+        connection for the next POST (a twin's relay is shared: its connection is always kept)."""
+        twin = await self._twin(twin_id)
+        url = self._twin_url(twin, path)
+        response = await self._post(twin_id, url, envelope, keep_alive=keep_alive or bool(twin.relay))
         if response.status != 200:
             raise _refused(twin_id, response)
 
@@ -81,9 +85,13 @@ class PostClient:
             return _refused(twin_id, response)
         return None
 
-    async def send_many(self, twin_id: int, items: Sequence[tuple[str, bytes]]) -> list[DeliveryError | None]:
+    async def send_many(
+        self, twin_id: int, items: Sequence[tuple[str, bytes]], *, keep_alive: bool = True
+    ) -> list[DeliveryError | None]:
         """Send ``(path, signed envelope)`` pairs to one twin, in order; one result per item (None:
-        delivered).
+        delivered). ``keep_alive`` False: a lone message to a twin that is not busy, whose connection is
+        closed once it is answered instead of being kept idle (thousands of twins sent one message each would
+        otherwise hold a connection each, and the daemon's memory, for 15 s).
 
         msgbus sites take them all in one POST to ``/zbus-batch``; a site that does not know that endpoint
         (go-rmb) gets them one POST each, and is remembered for a while. Once the twin stops answering, the
@@ -103,9 +111,10 @@ class PostClient:
             except DeliveryError as exc:
                 return [exc] * len(items)
         results: list[DeliveryError | None] = []
+        keep_alive = keep_alive or len(items) > 1
         for index, (path, envelope) in enumerate(items):
             try:
-                await self.send(twin_id, path, envelope)
+                await self.send(twin_id, path, envelope, keep_alive=keep_alive)
                 results.append(None)
             except DeliveryError as exc:
                 results.append(exc)
@@ -153,26 +162,43 @@ class PostClient:
         ]
 
     async def _url(self, twin_id: int, path: str) -> str:
+        return self._twin_url(await self._twin(twin_id), path)
+
+    async def _twin(self, twin_id: int) -> Twin:
         try:
-            twin = await self._resolver.get_twin(twin_id)
+            return await self._resolver.get_twin(twin_id)
         except ResolverError as exc:
             raise DeliveryError(
                 str(exc), kind="not_found" if isinstance(exc, TwinNotFound) else "other"
             ) from exc
+
+    @staticmethod
+    def _twin_url(twin: Twin, path: str) -> str:
         # A twin reached through a relay is sent its messages there.
         address = twin.relay or twin.address
         try:
             return peer_url(address, path)
         except ValueError as exc:
-            raise DeliveryError(f"twin {twin_id} has an unusable address {address!r}: {exc}") from exc
+            raise DeliveryError(f"twin {twin.id} has an unusable address {address!r}: {exc}") from exc
 
     async def _post(
-        self, twin_id: int, url: str, body: bytes, *, timeout_s: float | None = None, observed: bool = True
+        self,
+        twin_id: int,
+        url: str,
+        body: bytes,
+        *,
+        timeout_s: float | None = None,
+        observed: bool = True,
+        keep_alive: bool = True,
     ) -> HttpReply:
         started = time.perf_counter()
         try:
             response = await self._http.request(
-                "POST", url, headers=JSON_CONTENT, content=body, timeout_s=timeout_s
+                "POST",
+                url,
+                headers=JSON_CONTENT if keep_alive else CLOSING,
+                content=body,
+                timeout_s=timeout_s,
             )
         except HttpFailed as exc:
             if exc.timed_out:

@@ -7,8 +7,9 @@ import pytest
 import redis
 
 from client.sync import Client
-from testing.local_sites import LocalCluster
+from testing.local_sites import LocalCluster, wait_until
 from testing.many_twins import ManyTwinsProcess
+from testing.open_connections import connections_to
 from testing.site_metrics import metric, samples
 from wire import keys
 
@@ -46,6 +47,33 @@ def test_first_messages_to_many_new_twins_are_sent_without_reading_their_queues_
             owned = set(conn.hkeys(keys.OWNERS))
         assert {keys.LOCAL_LEASE, keys.REPLY_LEASE, keys.TIMERS_LEASE} <= owned
         assert len({name for name in owned if name.isdigit()}) <= 20
+    finally:
+        harness.stop()
+        cluster.cleanup()
+
+
+def test_a_lone_message_leaves_no_connection_open_while_a_busy_twin_keeps_its_own() -> None:
+    # The twins take POSTs only (as go-rmb sites do), so that every message is a POST.
+    harness = ManyTwinsProcess(count=40, links=False)
+    cluster = LocalCluster(size=1, extra_twins=harness.twins()).start()
+    try:
+        harness.start(cluster.twins_file)
+        process = cluster.sites[0].process
+        assert process is not None
+        busy = harness.up_ids[0]
+        with Client(cluster.redis[0].url) as client:
+            rets = [client.send(twin, CMD, b"once", exp=60) for twin in harness.up_ids]
+            assert all(client.wait(ret, timeout=60)[0].error == "" for ret in rets)
+            # A kept connection would stay 15 s: each lone message's connection is closed once answered.
+            wait_until(
+                lambda: not connections_to(process.pid, harness.port), 10.0, "the lone POSTs' connections"
+            )
+            # Sent again within seconds, a twin is busy: its connection is kept for what comes next.
+            for _ in range(3):
+                reply = client.wait(client.send(busy, CMD, b"again", exp=60), timeout=60)[0]
+                assert reply.error == ""
+        assert connections_to(process.pid, harness.port) == {harness.range.host_of(busy): 1}
+        assert harness.stats()["requests"]["post"] == len(harness.up_ids) + 3
     finally:
         harness.stop()
         cluster.cleanup()
