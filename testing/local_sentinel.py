@@ -85,6 +85,17 @@ class SentinelGroup:
         assert old is not None
         return old.start()
 
+    def master_switches(self) -> list[str]:
+        """The sentinels' ``+switch-master`` events so far (each failover once, as the first sentinel to log
+        it wrote it): which master each failover left, and for which."""
+        seen: dict[str, str] = {}
+        for log in sorted(self.workdir.glob("sentinel-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                _, marker, event = line.partition("+switch-master ")
+                if marker:
+                    seen.setdefault(event.strip(), line.strip())
+        return list(seen.values())
+
     def _sentinels_see_each_other(self) -> bool:
         for port in self.sentinel_ports:
             with redis.Redis(port=port) as sentinel:

@@ -131,7 +131,10 @@ def test_the_master_killed_while_requests_flow(sentinel_site: tuple[LocalCluster
         group.restart_old_master(old_master)
         pusher.join()
         caller.push(REQUESTS // 2, REQUESTS)
-        wait_until(lambda: len(caller.answers) == REQUESTS, 180, f"{REQUESTS} answers")
+        try:
+            wait_until(lambda: len(caller.answers) == REQUESTS, 180, f"{REQUESTS} answers")
+        except TimeoutError as exc:
+            raise AssertionError(unanswered(caller, group, killed_at, failed_over_at)) from exc
         time.sleep(1.0)  # a second answer would come soon after the first
     finally:
         caller.collecting.clear()
@@ -150,3 +153,16 @@ def test_the_master_killed_while_requests_flow(sentinel_site: tuple[LocalCluster
     assert twice == {}
     assert extra == {}
     assert answering_again_s <= ANSWERING_AGAIN_WITHIN_S
+
+
+def unanswered(caller: Caller, group: SentinelGroup, killed_at: float, failed_over_at: float) -> str:
+    """What went wrong when some requests were never answered: which (and when they were pushed, against the
+    kill and the failover), the failovers the sentinels made, and the errors answered."""
+    missing = sorted(set(range(REQUESTS)) - caller.answers.keys())
+    pushed = [round(caller.pushed_at[index] - killed_at, 1) for index in missing if index in caller.pushed_at]
+    return (
+        f"{len(missing)} of {REQUESTS} requests unanswered: {missing[:10]}...{missing[-10:]}, pushed "
+        f"{min(pushed, default=None)}..{max(pushed, default=None)} s after the kill (failover at "
+        f"{failed_over_at - killed_at:.1f} s); sentinels' switches: {group.master_switches()}; "
+        f"errors: {dict(caller.errors)}"
+    )
