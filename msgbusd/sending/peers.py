@@ -393,8 +393,15 @@ class Peer:
     async def _while_down(self, lane: Lane) -> bool:
         """Wait for the next probe and make it; while the peer stays down, give up what waited long enough
         (when its time comes, not at the next probe: with many peers down, probes are far apart). False
-        once nothing is left waiting for the peer."""
+        once nothing is left waiting for the peer, and nothing was queued for it meanwhile."""
         lane.distrust()
+        lane.missed = False
+        if await self._down_step(lane):
+            return True
+        # Work queued while the step found the queue empty: the sender goes on rather than leave it unsent.
+        return bool(lane.fresh) or lane.missed
+
+    async def _down_step(self, lane: Lane) -> bool:
         if lane.give_up_at is None:
             async with self._peers.turns:
                 if not await self._settle(lane, probed=False):
@@ -657,6 +664,13 @@ class Peers:
         elif lane is None and waiting is not None and waiting.alone and waiting.items is not None:
             waiting.recheck = True
         else:
+            self.kick(dst)
+
+    def unattended(self, dst: int) -> None:
+        """``dst``, whose lease this instance holds, has work waiting in Redis: start its sender if it has
+        none (and does not wait for a place or its lease), so that no work is left without one."""
+        peer = self._peers.get(dst)
+        if (peer is None or peer.lane is None) and dst not in self._waiting and dst not in self._claiming:
             self.kick(dst)
 
     def held_elsewhere(self, dst: int) -> None:

@@ -604,9 +604,14 @@ def _send_when_held(leases: Leases, peers: Peers) -> None:
         if name.isdigit():
             peers.wake(int(name))
 
+    def still_held(name: str) -> None:
+        if name.isdigit():
+            peers.unattended(int(name))
+
     leases.on_gained = gained
     leases.on_told = told
     leases.on_elsewhere = elsewhere
+    leases.on_still_held = still_held
     leases.on_leaving = leaving
 
 

@@ -323,6 +323,8 @@ class Instance:
                 already = self._leases.holds(name)
                 if not already or look_again:
                     self._leases.gained(name, resumed=resumed and not already)
+                else:
+                    self._leases.still_held(name)
             else:
                 self._leases.held_elsewhere(name, holder)
 

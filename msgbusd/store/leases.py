@@ -72,6 +72,8 @@ class Leases:
         self.on_leaving: Callable[[str], None] = _ignore
         # Another instance was found to hold a lease wanted here (it is told of the work).
         self.on_elsewhere: Callable[[str], None] = _ignore
+        # A lease held here has work waiting (all of it queued by this instance, which knows of it).
+        self.on_still_held: Callable[[str], None] = _ignore
 
     def __len__(self) -> int:
         return len(self._held)
@@ -207,6 +209,11 @@ class Leases:
         if name in self._held_events:
             self._held_events[name].set()
         self.on_gained(name, resumed)
+
+    def still_held(self, name: str) -> None:
+        """Redis says ``name`` is still held here, and there is work under it."""
+        if name in self._held and not self._stopped:
+            self.on_still_held(name)
 
     def let_go(self, name: str) -> None:
         """Stop working under ``name``; it is handed on once its users are done (:meth:`releasable`)."""

@@ -265,6 +265,8 @@ async def test_a_sweep_has_held_leases_looked_at_again_only_when_work_may_have_c
     leases = Leases("a")
     gained: list[tuple[str, bool]] = []
     leases.on_gained = lambda name, resumed: gained.append((name, resumed))
+    unattended: list[str] = []
+    leases.on_still_held = unattended.append
 
     async def destination_7() -> list[int]:
         return [7]
@@ -281,8 +283,10 @@ async def test_a_sweep_has_held_leases_looked_at_again_only_when_work_may_have_c
 
     await instance.beat_and_settle(force_sweep=True)
     assert ("7", True) in gained  # what a previous run left is taken over
-    # Alone, this instance queued all the work under its leases itself: nothing to look at again.
+    # Alone, this instance queued all the work under its leases itself: nothing to look at again, only a
+    # sender to start where work waits without one.
     assert await sweep() == []
+    assert [name for name in unattended if name.isdigit()] == ["7"]
     # Another instance live: it may have queued work for 7 unheard.
     await store.heartbeat("b", {}, 60)
     assert await sweep() == ["7"]
