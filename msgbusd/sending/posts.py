@@ -14,7 +14,8 @@ from msgbusd.errors import UNAVAILABLE_STATUSES, DeliveryError, peer_refusal
 from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import Metrics
 from msgbusd.sending.batching import batch_message, chunks
-from msgbusd.sending.http_client import HttpClients, HttpFailed, HttpReply
+from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.http_reply import HttpFailed, HttpReply
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin, TwinNotFound
 
@@ -25,8 +26,6 @@ REPLY_PATH = "/zbus-reply"
 # msgbus sites carry many envelopes per POST here; other RMB daemons answer 404 and get one per POST.
 BATCH_PATH = "/zbus-batch"
 JSON_CONTENT = (("content-type", "application/json"),)
-# A POST after which its connection is closed rather than kept for the next one.
-CLOSING = (*JSON_CONTENT, ("connection", "close"))
 # A probe of a site that is down: an empty batch (msgbus sites answer 200, go-rmb sites 404).
 EMPTY_BATCH = b'{"messages": []}'
 # The longest wait a peer's Retry-After can ask for.
@@ -77,7 +76,7 @@ class PostClient:
         try:
             url = await self._url(twin_id, BATCH_PATH)
             response = await self._post(
-                twin_id, url, EMPTY_BATCH, timeout_s=self._probe_timeout_s, observed=False
+                twin_id, url, EMPTY_BATCH, timeout_s=self._probe_timeout_s, observed=False, keep_alive=False
             )
         except DeliveryError as exc:
             return exc
@@ -196,9 +195,10 @@ class PostClient:
             response = await self._http.request(
                 "POST",
                 url,
-                headers=JSON_CONTENT if keep_alive else CLOSING,
+                headers=JSON_CONTENT,
                 content=body,
                 timeout_s=timeout_s,
+                keep_alive=keep_alive,
             )
         except HttpFailed as exc:
             if exc.timed_out:

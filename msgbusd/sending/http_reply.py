@@ -1,0 +1,27 @@
+"""What an HTTP request to another server got, or why it got nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """What an HTTP request got: the status, every header (repeated ones too) and the decoded body."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        wanted = name.lower()
+        return next((value for key, value in self.headers if key.lower() == wanted), None)
+
+
+class HttpFailed(Exception):
+    """An HTTP request that got no answer; ``timed_out`` tells a timeout from a connection that failed."""
+
+    def __init__(self, reason: str, *, timed_out: bool) -> None:
+        super().__init__(reason)
+        self.timed_out = timed_out
