@@ -160,17 +160,15 @@ class Metrics:
             registry=reg,
         )
         # Every label value is exported from the start (as 0), so rates and alerts see the series at once.
-        for event in MESSAGE_EVENTS:
-            self.messages.labels(event=event)
-        for cause in ERROR_CAUSES:
-            self.errors.labels(cause=cause)
-        for path in SEND_PATHS:
-            self.send_seconds.labels(path=path)
+        # The children are kept: finding one through labels() costs more than counting (several per message).
+        self._messages = {event: self.messages.labels(event=event) for event in MESSAGE_EVENTS}
+        self._errors = {cause: self.errors.labels(cause=cause) for cause in ERROR_CAUSES}
+        self._send_seconds = {path: self.send_seconds.labels(path=path) for path in SEND_PATHS}
         self._exposed: Collector = self.registry
 
     def message(self, event: MessageEvent, count: int = 1) -> None:
         """Count ``count`` messages that went through ``event``."""
-        self.messages.labels(event=_checked(event, MESSAGE_EVENTS)).inc(count)
+        self._messages[_checked(event, MESSAGE_EVENTS)].inc(count)
         if event in _OUTGOING:
             self.recent.sent.add(count)
         elif event == "received":
@@ -178,14 +176,14 @@ class Metrics:
 
     def error(self, cause: ErrorCause) -> None:
         """Count one failure of kind ``cause``."""
-        self.errors.labels(cause=_checked(cause, ERROR_CAUSES)).inc()
+        self._errors[_checked(cause, ERROR_CAUSES)].inc()
 
     def send_queue_read(self) -> None:
         self.send_queue_reads.inc()
 
     def observe_send(self, path: SendPath, seconds: float) -> None:
         """Record how long one POST to a peer took, whatever its outcome."""
-        self.send_seconds.labels(path=_checked(path, SEND_PATHS)).observe(seconds)
+        self._send_seconds[_checked(path, SEND_PATHS)].observe(seconds)
 
     def watch_twin_cache(self, stats: CacheStats) -> None:
         """Export the twin cache's counters (read at each scrape) as ``msgbus_twin_cache_total{what}``."""
