@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from msgbusd.sending.http_reply import HttpFailed, HttpReply
+from msgbusd.sending.http_reply import HttpFailed, HttpReply, connection_failure
 from msgbusd.sending.one_shot import OneShotRequests
 
 
@@ -86,6 +86,10 @@ class HttpClients:
                 return HttpReply(response.status, list(response.headers.items()), body)
         except TimeoutError:
             raise HttpFailed(f"no answer within {timeout:g}s", timed_out=True) from None
+        except aiohttp.ClientConnectorError as exc:
+            # The same words as a request on a connection of its own ("connection refused").
+            reason = str(exc) if isinstance(exc, aiohttp.ClientSSLError) else connection_failure(exc.os_error)
+            raise HttpFailed(reason, timed_out=False) from None
         except aiohttp.ClientError as exc:
             raise HttpFailed(str(exc) or type(exc).__name__, timed_out=False) from None
 

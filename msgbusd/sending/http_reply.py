@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import ssl
 from dataclasses import dataclass
 
 
@@ -25,3 +28,13 @@ class HttpFailed(Exception):
     def __init__(self, reason: str, *, timed_out: bool) -> None:
         super().__init__(reason)
         self.timed_out = timed_out
+
+
+def connection_failure(exc: OSError) -> str:
+    """Why a connection failed, in words: a TLS error keeps OpenSSL's text (it names the certificate
+    problem), a name that does not resolve its resolver's text, any other socket error its system text
+    ("connection refused")."""
+    if isinstance(exc, (ssl.SSLError, socket.gaierror)) or not exc.errno:
+        return str(exc) or type(exc).__name__
+    text = os.strerror(exc.errno)
+    return text[:1].lower() + text[1:]

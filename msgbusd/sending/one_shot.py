@@ -10,15 +10,13 @@ CPU. The answer is read with httptools, the parser uvicorn uses.
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import ssl
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import httptools
 
-from msgbusd.sending.http_reply import HttpFailed, HttpReply
+from msgbusd.sending.http_reply import HttpFailed, HttpReply, connection_failure
 
 
 class OneShotRequests:
@@ -77,20 +75,11 @@ class OneShotRequests:
         except TimeoutError:
             raise HttpFailed(f"no answer within {timeout_s:g}s", timed_out=True) from None
         except OSError as exc:
-            raise HttpFailed(_reason(exc), timed_out=False) from None
+            raise HttpFailed(connection_failure(exc), timed_out=False) from None
         finally:
             exchange.answer.cancel()  # no effect once answered; else nothing is set on it any more
             if transport is not None:
                 transport.close()
-
-
-def _reason(exc: OSError) -> str:
-    """Why a connection failed, in words: a TLS error keeps OpenSSL's text (it names the certificate
-    problem), a socket error its system text ("connection refused")."""
-    if isinstance(exc, ssl.SSLError) or not exc.errno or isinstance(exc, socket.gaierror):
-        return str(exc) or type(exc).__name__
-    text = os.strerror(exc.errno)
-    return text[:1].lower() + text[1:]
 
 
 class _Exchange(asyncio.Protocol):

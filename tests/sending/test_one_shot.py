@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.http_reply import HttpFailed
 from msgbusd.sending.one_shot import OneShotRequests
 from tests.support.servers import free_port
@@ -218,3 +219,16 @@ async def test_https_checks_the_certificate_against_the_trusted_authorities(
         reply = await OneShotRequests().request("POST", url, headers=(), content=BODY, timeout_s=5)
     assert (reply.status, reply.body) == (200, b"ok")
     assert server.requests[0].startswith(b"POST /x HTTP/1.1\r\n")
+
+
+@on_both_loops
+async def test_a_refused_connection_reads_the_same_whether_the_connection_was_to_be_kept_or_not() -> None:
+    http = HttpClients(5)
+    url = f"http://127.0.0.1:{free_port()}/x"
+    try:
+        for keep_alive in (True, False):
+            with pytest.raises(HttpFailed) as refused:
+                await http.request("POST", url, content=BODY, keep_alive=keep_alive)
+            assert str(refused.value) == "connection refused", keep_alive
+    finally:
+        await http.aclose()
