@@ -43,6 +43,7 @@ class ManyTwinsProcess:
     extra_args: Sequence[str] = ()
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    _last_log: str = field(default="", repr=False)
 
     @property
     def range(self) -> TwinRange:
@@ -114,13 +115,21 @@ class ManyTwinsProcess:
         return seen
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        """What the process wrote (after a clean stop, what it wrote until then)."""
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return self._last_log
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
-        """SIGTERM, wait; returns the exit status."""
+        """SIGTERM, wait; returns the exit status. The log is removed after a clean exit (kept otherwise,
+        for whoever looks into what went wrong)."""
         process = self.process
         stop_process(process, timeout_s)
         self.process = None
+        if process is not None and process.returncode == 0 and self.log_path is not None:
+            self._last_log = self.log()
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
         return process.returncode if process else None
 
     def _ready_since(self, offset: int) -> bool:
