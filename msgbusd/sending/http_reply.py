@@ -18,8 +18,13 @@ class HttpReply:
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or None."""
-        wanted = name.lower()
-        return next((value for key, value in self.headers if key.lower() == wanted), None)
+        return first_header(self.headers, name)
+
+
+def first_header(headers: list[tuple[str, str]], name: str) -> str | None:
+    """The first value of header ``name`` (any case) among ``headers``, or None."""
+    wanted = name.lower()
+    return next((value for key, value in headers if key.lower() == wanted), None)
 
 
 class HttpFailed(Exception):

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from msgbusd.sending.http_reply import HttpFailed, HttpReply, connection_failure
+from msgbusd.sending.http_reply import HttpFailed, HttpReply, connection_failure, first_header
 
 
 class OneShotRequests:
@@ -108,7 +108,11 @@ class _Exchange(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.answer.done():
             return
-        if self._headers_read and self._header("content-length") is None and not self._chunked():
+        if (
+            self._headers_read
+            and first_header(self._headers, "content-length") is None
+            and not self._chunked()
+        ):
             # An answer with neither a length nor chunks ends where the connection does.
             self._answered()
         elif self._headers_read:
@@ -146,8 +150,5 @@ class _Exchange(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _header(self, name: str) -> str | None:
-        return next((value for key, value in self._headers if key.lower() == name), None)
-
     def _chunked(self) -> bool:
-        return "chunked" in (self._header("transfer-encoding") or "").lower()
+        return "chunked" in (first_header(self._headers, "transfer-encoding") or "").lower()
