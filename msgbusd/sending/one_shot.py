@@ -80,6 +80,7 @@ class OneShotRequests:
             exchange.answer.cancel()  # no effect once answered; else nothing is set on it any more
             if transport is not None:
                 transport.close()
+            exchange.release()
 
 
 class _Exchange(asyncio.Protocol):
@@ -87,18 +88,24 @@ class _Exchange(asyncio.Protocol):
 
     def __init__(self, answer: asyncio.Future[HttpReply]) -> None:
         self.answer = answer
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._transport: asyncio.BaseTransport | None = None
         self._status = 0
         self._headers: list[tuple[str, str]] = []
         self._body: list[bytes] = []
         self._headers_read = False
 
+    def release(self) -> None:
+        """Let go of the parser and the transport, which both refer back to this exchange: without these
+        cycles the exchange is freed as soon as it is done with, not by the cyclic garbage collector."""
+        self._parser = None
+        self._transport = None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self.answer.done():
+        if self.answer.done() or self._parser is None:
             return
         try:
             self._parser.feed_data(data)
@@ -126,6 +133,7 @@ class _Exchange(asyncio.Protocol):
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None  # called by the parser itself
         self._status = self._parser.get_status_code()
         self._headers_read = True
 

@@ -41,6 +41,7 @@ from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import CLAIM_BATCH, Schedule
 from msgbusd.sending.send_items import SendItems
 from msgbusd.site.companions import Companion, SiteHandle
+from msgbusd.site.garbage import settle_after_start_up
 from msgbusd.site.inflight import InFlight
 from msgbusd.site.instance import Instance
 from msgbusd.site.memory import release_free_memory_until
@@ -230,6 +231,7 @@ class Daemon:
         handlers = site.handlers
         await self._take_back_single_lists()
         await site.instance.join()
+        settle_after_start_up()
         leases, stopping = site.leases, self._stopping
         async with asyncio.TaskGroup() as group:
             group.create_task(
