@@ -17,7 +17,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.connection import HiredisRespSerializer
 from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.utils import HIREDIS_AVAILABLE
 
 # redis-py's Sentinel classes are untyped.
 _SENTINELS: dict[bool, Any] = {False: Sentinel, True: AsyncSentinel}
@@ -116,6 +118,42 @@ def async_client(
 ) -> aioredis.Redis:
     """An asyncio client of the Redis at ``url``. With ``max_connections``, a command waits up to ``wait_s``
     (None: as long as it takes) for a free connection; ``options`` are redis-py's connection options."""
+    client = _async_client(url, max_connections=max_connections, wait_s=wait_s, **options)
+    text_codec = (options.get("encoding", "utf-8"), options.get("encoding_errors", "strict"))
+    if text_codec == ("utf-8", "strict"):
+        pool = client.connection_pool
+        pool.connection_class = _packed_by_hiredis(pool.connection_class)
+    return client
+
+
+class _HiredisPacking:
+    """Commands packed by hiredis, in C, as redis-py's synchronous connections do; its asyncio connections
+    pack them in Python (17 us for a script call with a 232-byte envelope, against 4.6)."""
+
+    _packer = HiredisRespSerializer()
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        packed: list[bytes] = self._packer.pack(*args)
+        return packed
+
+
+_PACKED_BY_HIREDIS: dict[type, type] = {}
+
+
+def _packed_by_hiredis(connection_class: type) -> type:
+    """``connection_class`` packing its commands with hiredis where it is installed (the daemon's extra),
+    for connections that encode text as strict UTF-8 (as hiredis does)."""
+    if not HIREDIS_AVAILABLE:
+        return connection_class
+    if connection_class not in _PACKED_BY_HIREDIS:
+        variant = type(connection_class.__name__, (_HiredisPacking, connection_class), {})
+        _PACKED_BY_HIREDIS[connection_class] = variant
+    return _PACKED_BY_HIREDIS[connection_class]
+
+
+def _async_client(
+    url: str, *, max_connections: int | None, wait_s: float | None, **options: Any
+) -> aioredis.Redis:
     found = parse_sentinel_url(url)
     if found is None:
         if max_connections is None:
