@@ -5,8 +5,8 @@ every tenth time, and at the oldest (where the ~90,000 objects start-up made liv
 it has grown by a quarter. With thousands of messages in flight, each holding a few dozen objects for a few
 milliseconds, that was 1,500 looks for 10,000 new twins and 3.5 s of the daemon's 16 s of CPU. What the
 daemon makes is freed when its last reference goes (it makes no cycles per message), so the collector is
-asked less often and start-up's objects are set aside for good; the young generation is also collected when
-the memory is given back (:mod:`msgbusd.site.memory`), so that a burst's cycles do not wait for the next.
+asked less often and start-up's objects are set aside for good; every generation is also collected when the
+memory is given back (:mod:`msgbusd.site.memory`), so that a burst's cycles do not wait for the next.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def settle_after_start_up() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
 
 
-def collect_young() -> None:
-    """Collect the young and middle generations now (when a burst is over its cycles do not wait)."""
-    gc.collect(1)
+def collect_cycles() -> None:
+    """Collect every generation now, so that the cycles a burst left do not wait for the next burst (a
+    few tens of milliseconds after a burst to 10,000 twins, start-up's objects being set aside)."""
+    gc.collect()

@@ -3,7 +3,7 @@
 Objects over 512 bytes (envelopes, buffers) come from the C library's ``malloc``, which keeps what is freed
 inside its heap unless it is at the top; a burst to thousands of new twins leaves that heap with free pages
 between the few objects still alive. glibc's ``malloc_trim`` hands every free page back; the daemon calls
-it every :data:`RELEASE_EVERY_S` (it takes a few milliseconds), right after collecting the young cycles
+it every :data:`RELEASE_EVERY_S` (it takes a few milliseconds), right after collecting cycles
 (:mod:`msgbusd.site.garbage`). Without glibc, nothing is done.
 """
 
@@ -15,7 +15,7 @@ import ctypes.util
 import functools
 from collections.abc import Callable
 
-from msgbusd.site.garbage import collect_young
+from msgbusd.site.garbage import collect_cycles
 from wire.backoff import sleep_unless
 
 RELEASE_EVERY_S = 30.0
@@ -43,5 +43,5 @@ async def release_free_memory_until(stopping: asyncio.Event, every_s: float = RE
     """:func:`release_free_memory` every ``every_s`` until ``stopping``."""
     while not stopping.is_set() and _malloc_trim() is not None:
         await sleep_unless(stopping, every_s)
-        collect_young()
+        collect_cycles()
         release_free_memory()

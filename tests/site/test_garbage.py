@@ -22,7 +22,7 @@ a, b = Node(), Node()
 a.other, b.other = b, a
 del a, b
 gc.disable()  # only the explicit collection below may find the cycle
-garbage.collect_young()
+garbage.collect_cycles()
 print(json.dumps({
     "loaded": loaded,
     "frozen": frozen,
