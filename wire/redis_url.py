@@ -17,9 +17,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
-from redis.connection import HiredisRespSerializer
 from redis.sentinel import Sentinel, SentinelConnectionPool
 from redis.utils import HIREDIS_AVAILABLE
+
+try:
+    from redis.connection import HiredisRespSerializer
+except ImportError:  # an older redis-py: its asyncio connections pack in Python
+    HiredisRespSerializer = None  # type: ignore[assignment,misc]
 
 # redis-py's Sentinel classes are untyped.
 _SENTINELS: dict[bool, Any] = {False: Sentinel, True: AsyncSentinel}
@@ -130,20 +134,19 @@ class _HiredisPacking:
     """Commands packed by hiredis, in C, as redis-py's synchronous connections do; its asyncio connections
     pack them in Python (17 us for a script call with a 232-byte envelope, against 4.6)."""
 
-    _packer = HiredisRespSerializer()
-
     def pack_command(self, *args: Any) -> list[bytes]:
-        packed: list[bytes] = self._packer.pack(*args)
+        packed: list[bytes] = _HIREDIS_PACKER.pack(*args)
         return packed
 
 
+_HIREDIS_PACKER: Any = HiredisRespSerializer() if HiredisRespSerializer is not None else None
 _PACKED_BY_HIREDIS: dict[type, type] = {}
 
 
 def _packed_by_hiredis(connection_class: type) -> type:
     """``connection_class`` packing its commands with hiredis where it is installed (the daemon's extra),
     for connections that encode text as strict UTF-8 (as hiredis does)."""
-    if not HIREDIS_AVAILABLE:
+    if not HIREDIS_AVAILABLE or HiredisRespSerializer is None:
         return connection_class
     if connection_class not in _PACKED_BY_HIREDIS:
         variant = type(connection_class.__name__, (_HiredisPacking, connection_class), {})
