@@ -71,6 +71,7 @@ from router.validation import Catalog
 from twin_resolver.base import Resolver, ResolverError
 from wire.backoff import Backoff, sleep_unless
 from wire.envelope import Envelope
+from wire.error_texts import is_expired_text
 
 log = logging.getLogger(__name__)
 
@@ -294,15 +295,7 @@ class CloudRouter:
             return json_error(504, error, rule=rule, message_id=message_id)
         finally:
             self._waiters.forget(uid)
-        if reply.err:
-            return json_error(
-                502, f"node {node!r} (twin {twin}): {reply.err}", rule=rule, message_id=message_id
-            )
-        try:
-            answer = HttpAnswer.decode(reply.payload)
-        except (FrameError, ValueError) as exc:
-            return json_error(502, f"node {node!r} (twin {twin}) sent an unreadable answer: {exc}", rule=rule)
-        return answer_response(answer)
+        return call_response(reply, f"node {node!r} (twin {twin})", timeout, rule=rule, message_id=message_id)
 
     async def _on_replies(self, replies: list[tuple[bytes, Envelope]]) -> None:
         settles = [(raw, reply.uid, *_outcome_of(reply)) for raw, reply in replies]
@@ -469,7 +462,24 @@ class CloudRouter:
         }
 
 
+def call_response(reply: Envelope, whom: str, timeout_s: float, **extra: object) -> Response:
+    """The response to a call from what ``whom`` (the node) answered; ``extra`` goes into an error's body."""
+    if is_expired_text(reply.err):
+        # The site gave up on the request when its lifetime, this call's timeout, ran out: it can do so a
+        # moment before this call's own timer does.
+        return json_error(504, f"no answer from {whom} within {timeout_s:g}s", **extra)
+    if reply.err:
+        return json_error(502, f"{whom}: {reply.err}", **extra)
+    try:
+        answer = HttpAnswer.decode(reply.payload)
+    except (FrameError, ValueError) as exc:
+        return json_error(502, f"{whom} sent an unreadable answer: {exc}", **extra)
+    return answer_response(answer)
+
+
 def _outcome_of(reply: Envelope) -> tuple[Outcome, str]:
+    if is_expired_text(reply.err):
+        return Outcome.FAIL, f"no answer from twin {reply.src} in time ({reply.err})"
     if reply.err:
         return Outcome.FAIL, f"twin {reply.src}: {reply.err}"
     if reply.cmd != CALL:

@@ -76,6 +76,7 @@ from router.validation import Catalog
 from twin_resolver.base import Resolver, ResolverError
 from wire.backoff import sleep_unless
 from wire.envelope import Envelope
+from wire.error_texts import is_expired_text
 
 log = logging.getLogger(__name__)
 
@@ -428,7 +429,9 @@ class EdgeRouter:
             cloud, FORWARD, call.encode(), message_id=message_id, lifetime_s=timeout, ret=EDGE_REPLIES
         )
         reply = await self._ask(env, timeout)
-        if reply is None:
+        # The site gives up on the request when its lifetime, this call's timeout, runs out: it can do so a
+        # moment before this call's own timer does.
+        if reply is None or is_expired_text(reply.err):
             return json_error(
                 504, f"no answer through the cloud (twin {cloud}) within {timeout:g}s", rule=route.rule.name
             )

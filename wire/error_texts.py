@@ -24,6 +24,11 @@ def expired_text(exp_s: int) -> str:
     return f"request timeout (expiration reached, {exp_s})"
 
 
+def is_expired_text(err: str) -> bool:
+    """Whether ``err`` says the request's lifetime ran out before an answer came (from any site)."""
+    return err.startswith("request timeout (expiration reached")
+
+
 def too_large_text(max_bytes: int) -> str:
     """What a site answers (413) to a message over its size limit."""
     return f"message too large: this site takes at most {max_bytes} bytes"

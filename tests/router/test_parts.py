@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ import typer
 from msgbusd.site.cli import parse_mqtt_url
 from router import load_text
 from router.bus import Coalescer, Waiters
-from router.cloud import CloudRouter
+from router.cloud import CloudRouter, call_response
 from router.config import RouterSettings
 from router.http_common import join_url
 from router.nodes import UnknownNode, node_twin
@@ -21,7 +22,8 @@ from router.routes import RouteTable
 from router.validation import Catalog
 from testing.local_sites import free_port
 from twin_resolver import StaticResolver, Twin
-from wire.envelope import Envelope
+from wire.envelope import Envelope, encode_payload
+from wire.error_texts import expired_text
 
 CATALOG = """
 apiVersion: rules.kubeedge.io/v1
@@ -247,3 +249,30 @@ async def test_the_rest_door_answers_503_while_redis_is_away() -> None:
     await redis.aclose()
     assert response.status_code == 503
     assert response.json()["error"].startswith("this site's Redis cannot be reached: ")
+
+
+@pytest.mark.parametrize(
+    ("reply", "status", "error"),
+    [
+        # The site expired the request a moment before the router's own timer ran out: a timeout all the same.
+        (Envelope(src=7, err=expired_text(2)), 504, "no answer from node 'n' (twin 7) within 2s"),
+        (Envelope(src=7, err="the service failed"), 502, "node 'n' (twin 7): the service failed"),
+        (
+            Envelope(src=7, dat=encode_payload(b"not a frame")),
+            502,
+            "node 'n' (twin 7) sent an unreadable answer",
+        ),
+    ],
+)
+def test_what_a_node_answered_becomes_the_calls_response(reply: Envelope, status: int, error: str) -> None:
+    response = call_response(reply, "node 'n' (twin 7)", 2, rule="r")
+    assert response.status_code == status
+    body = json.loads(bytes(response.body))
+    assert body["error"].startswith(error)
+    assert body["rule"] == "r"
+
+
+def test_a_nodes_http_answer_is_the_calls_response() -> None:
+    answer = HttpAnswer(201, [("x-kind", "made")], b"done")
+    response = call_response(Envelope(src=7, dat=encode_payload(answer.encode())), "node 'n' (twin 7)", 2)
+    assert (response.status_code, bytes(response.body), response.headers["x-kind"]) == (201, b"done", "made")
