@@ -20,13 +20,16 @@ def all_retries_done_text(cause: str) -> str:
     return f"all retries done: {cause}"
 
 
+_EXPIRED = "request timeout (expiration reached"
+
+
 def expired_text(exp_s: int) -> str:
-    return f"request timeout (expiration reached, {exp_s})"
+    return f"{_EXPIRED}, {exp_s})"
 
 
 def is_expired_text(err: str) -> bool:
     """Whether ``err`` says the request's lifetime ran out before an answer came (from any site)."""
-    return err.startswith("request timeout (expiration reached")
+    return err.startswith(_EXPIRED)
 
 
 def too_large_text(max_bytes: int) -> str:
