@@ -4,7 +4,7 @@ Objects over 512 bytes (envelopes, buffers) come from the C library's ``malloc``
 inside its heap unless it is at the top; a burst to thousands of new twins leaves that heap with free pages
 between the few objects still alive. glibc's ``malloc_trim`` hands every free page back; the daemon calls
 it every :data:`RELEASE_EVERY_S` (it takes a few milliseconds), right after collecting cycles
-(:mod:`msgbusd.site.garbage`). Without glibc, nothing is done.
+(:mod:`msgbusd.site.garbage`). Without glibc, only the cycles are collected.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def release_free_memory() -> bool:
 
 
 async def release_free_memory_until(stopping: asyncio.Event, every_s: float = RELEASE_EVERY_S) -> None:
-    """:func:`release_free_memory` every ``every_s`` until ``stopping``."""
-    while not stopping.is_set() and _malloc_trim() is not None:
+    """Collect cycles and :func:`release_free_memory` every ``every_s`` until ``stopping``."""
+    while not stopping.is_set():
         await sleep_unless(stopping, every_s)
         collect_cycles()
         release_free_memory()

@@ -42,3 +42,36 @@ def test_start_up_objects_are_set_aside_and_later_cycles_still_collected() -> No
     assert figures["tracked_after"] < figures["frozen"] // 10, figures
     assert figures["threshold"] > 700, figures
     assert figures["cycle_collected"] is True, figures
+
+
+PERIODIC_CHILD = """
+import asyncio, gc, weakref
+from msgbusd.site.memory import release_free_memory_until
+
+class Node:
+    pass
+
+async def main():
+    gc.disable()  # only the daemon's periodic collection may find the cycle
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    left = weakref.ref(a)
+    del a, b
+    stopping = asyncio.Event()
+    task = asyncio.create_task(release_free_memory_until(stopping, every_s=0.01))
+    async with asyncio.timeout(10):
+        while left() is not None:
+            await asyncio.sleep(0.01)
+    stopping.set()
+    await task
+    print("collected")
+
+asyncio.run(main())
+"""
+
+
+def test_the_memory_timer_collects_cycles_left_by_a_burst() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", PERIODIC_CHILD], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert child.stdout.strip() == "collected"
