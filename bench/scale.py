@@ -7,7 +7,7 @@ daemon's CPU per request, its resident memory before, after and (``--idle S``) a
 the growth of the site's Redis memory.
 
     python -m bench.scale [--destinations 1,100,1000,10000] [--down N] [--no-links] [--idle S]
-                          [--peer-bin GO_RMB]
+                          [--peer-bin GO_RMB] [--floor]
 
 ``--down N``: N of the destinations are down (their address refuses connections); each of their requests
 is answered with its error once its tries are spent (one try: ``retries`` 0), counted in ``errors``.
@@ -16,6 +16,9 @@ is answered with its error once its tries are spent (one try: ``retries`` 0), co
 of msgbus), right after msgbus for each N, against the same twins (it reaches each at its address alone);
 not with ``--down``, as go-rmb answers almost none of the requests to twins that are down (its retries are
 keyed by the client's uid, which RMB clients leave empty).
+
+``--floor`` runs them through :mod:`bench.floor_site` too: the least a site must do for them with the same
+libraries (sign, POST on a connection of its own, check the reply's signature, push it), nothing kept.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,11 +37,14 @@ from typing import Any
 
 import redis
 
+from bench.floor_site import READY_LINE as FLOOR_READY_LINE
 from bench.go_rmb import go_rmb_sites
 from bench.rpc import cpu_seconds, rss_mib
 from client.sync import Client
-from testing.local_sites import LocalCluster
+from msgbusd.identity.signing import Signer
+from testing.local_sites import LocalCluster, RedisProcess, free_port, stop_process
 from testing.many_twins import ManyTwinsProcess
+from twin_resolver.base import Twin
 from twin_resolver.static import write_twin_file
 
 MIN_REQUESTS = 1_000
@@ -89,6 +98,42 @@ def go_rmb_site(binary: str, harness: ManyTwinsProcess) -> Iterator[tuple[int, s
             harness.stop()
 
 
+def run_floor(destinations: int, *, idle_s: float) -> dict[str, Any]:
+    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, links=False)
+    with floor_site(harness) as (pid, redis_url):
+        return {"system": "floor", "links": False, **measure(destinations, pid, redis_url, idle_s)}
+
+
+@contextlib.contextmanager
+def floor_site(harness: ManyTwinsProcess, twin: int = 1) -> Iterator[tuple[int, str]]:
+    """:mod:`bench.floor_site` as twin ``twin`` with its own Redis, and the harness's twins."""
+    seed, port = os.urandom(32), free_port()
+    identity = Twin(id=twin, address=f"127.0.0.1:{port}", public_key=Signer(seed, "ed25519").public_key)
+    redis_server = RedisProcess()
+    process: subprocess.Popen[bytes] | None = None
+    with tempfile.TemporaryDirectory() as workdir:
+        twins_file = Path(workdir) / "twins.json"
+        write_twin_file(twins_file, [identity, *harness.twins()])
+        try:
+            redis_server.start()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bench.floor_site", "--redis", redis_server.url, "--port", str(port),
+                 "--seed", seed.hex(), "--twins", str(twins_file), "--twin", str(twin)],
+                stdout=subprocess.PIPE,
+            )  # fmt: skip
+            assert process.stdout is not None
+            if FLOOR_READY_LINE not in process.stdout.readline().decode():
+                raise RuntimeError("bench.floor_site did not start")
+            harness.start(twins_file)
+            yield process.pid, redis_server.url
+        finally:
+            harness.stop()
+            stop_process(process)
+            if process is not None and process.stdout is not None:
+                process.stdout.close()
+            redis_server.cleanup()
+
+
 def measure(destinations: int, pid: int, redis_url: str, idle_s: float) -> dict[str, Any]:
     """Push one request per twin (at least 1,000 in all) to the site whose daemon is ``pid`` and wait for
     every answer."""
@@ -125,12 +170,15 @@ def main() -> None:
     parser.add_argument("--no-links", dest="links", action="store_false", help="the twins take POSTs only")
     parser.add_argument("--idle", type=float, default=0.0, metavar="S", help="RSS again after S s idle")
     parser.add_argument("--peer-bin", metavar="GO_RMB", help="also run go-rmb as the site, side by side")
+    parser.add_argument("--floor", action="store_true", help="also run bench.floor_site, side by side")
     args = parser.parse_args()
     for destinations in (int(n) for n in args.destinations.split(",")):
         down = min(args.down, destinations)
         print(json.dumps(run(destinations, links=args.links, idle_s=args.idle, down=down)), flush=True)
         if args.peer_bin and not down:
             print(json.dumps(run_go_rmb(args.peer_bin, destinations, idle_s=args.idle)), flush=True)
+        if args.floor and not down:
+            print(json.dumps(run_floor(destinations, idle_s=args.idle)), flush=True)
 
 
 if __name__ == "__main__":
