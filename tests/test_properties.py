@@ -41,6 +41,7 @@ WIRE_KINDS = {
 }
 # No example database in the work tree; signing is slow enough to trip the default health check.
 EXAMPLES = settings(database=None, suppress_health_check=[HealthCheck.too_slow])
+STRING_ATTRS = ("uid", "cmd", "dat", "ret", "shm", "err", "sig")
 SIGNED_ATTRS = ("ver", "uid", "cmd", "dat", "src", "dst", "ret", "now", "pxy")
 UNSIGNED_ATTRS = ("exp", "retries", "shm", "err")
 
@@ -216,6 +217,62 @@ def test_encode_then_decode_gives_the_same_envelope(env: Envelope) -> None:
     assert list(json.loads(raw)) == list(WIRE_KINDS)
     assert Envelope.decode(raw) == env
     assert Envelope.decode(raw).encode() == raw
+
+
+def _any_value(kind: str) -> st.SearchStrategy[Any]:
+    """A value for a field of ``kind``: of its kind (in range or not, ASCII or not), of another, or null."""
+    right = {
+        "int": st.sampled_from([-(2**63) - 1, 2**63, -(2**70), 2**70]) | wire_ints,
+        "str": st.text(max_size=12)
+        | st.text(st.characters(max_codepoint=127), max_size=12)
+        | st.just("\ud800"),
+        "bool": st.booleans(),
+        "ints": st.lists(wire_ints | st.integers(-(2**70), 2**70), max_size=3),
+    }[kind]
+    return st.one_of(right, _wrong_value(kind), st.none())
+
+
+@st.composite
+def complete_objects(draw: st.DrawFn) -> dict[str, Any]:
+    """The 14 keys of an envelope as written (ASCII text), some of them (often none) with another value."""
+    ascii_text = st.text(st.characters(max_codepoint=127), max_size=40)
+    obj = draw(envelopes).replace(**{attr: draw(ascii_text) for attr in STRING_ATTRS}).to_wire()
+    for key in draw(st.lists(st.sampled_from(sorted(WIRE_KINDS)), max_size=2)):
+        obj[key] = draw(_any_value(WIRE_KINDS[key]))
+    return obj
+
+
+def _outcome(raw: bytes) -> Envelope | str:
+    try:
+        return Envelope.decode(raw)
+    except EnvelopeDecodeError as exc:
+        return exc.reason.lower()
+
+
+def _decodes_as_with_keys_in_upper_case(obj: dict[str, Any]) -> bool:
+    # The 14 keys as envelopes are written take a shorter way than any other spelling of them.
+    written = json.dumps(obj).encode()
+    spelled_otherwise = json.dumps({key.upper(): value for key, value in obj.items()}).encode()
+    return _outcome(written) == _outcome(spelled_otherwise)
+
+
+@EXAMPLES
+@given(complete_objects())
+def test_an_object_with_every_key_decodes_as_with_its_keys_in_upper_case(obj: dict[str, Any]) -> None:
+    assert _decodes_as_with_keys_in_upper_case(obj)
+
+
+def test_every_key_with_every_kind_of_value_decodes_as_with_the_keys_in_upper_case() -> None:
+    written = Envelope(uid="1.2", cmd="c", dat="ZA==", src=1, dst=(2,), ret="r", sig="ab").to_wire()
+    values = [None, 0, -(2**63), 2**63 - 1, -(2**63) - 1, 2**63, 2**70, True, 1.5, "", "x", "é", "\ud800"]
+    values += [[], [1, 2], [1, True], [1, "1"], [2**70], {}, {"a": 1}]
+    different = [
+        (key, value)
+        for key in WIRE_KINDS
+        for value in values
+        if not _decodes_as_with_keys_in_upper_case({**written, key: value})
+    ]
+    assert different == []
 
 
 @EXAMPLES
