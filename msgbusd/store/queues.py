@@ -408,20 +408,29 @@ class Store(SendQueues):
     ) -> list[tuple[bytes | None, bytes | None]]:
         """For each send-queue entry, in one round trip: (payload, state) of a reply, and (backlog entry,
         None) of a request, or with ``attempts`` (backlog entry, its failed attempts so far or None)."""
+        replies = [
+            entry.removeprefix(keys.REPLY_PREFIX) for entry in entries if entry.startswith(keys.REPLY_PREFIX)
+        ]
+        requests = [
+            entry.removeprefix(keys.REQUEST_PREFIX)
+            for entry in entries
+            if not entry.startswith(keys.REPLY_PREFIX)
+        ]
+        # A few HMGETs rather than an HGET per entry: a sender reads up to a batch of entries at a time.
+        fields: list[tuple[str, list[str]]] = [(keys.REPLIES, replies), (keys.REPLY_STATE, replies)]
+        fields += [(keys.BACKLOG, requests), *([(keys.ATTEMPTS, requests)] if attempts else [])]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for entry in entries:
-                if entry.startswith(keys.REPLY_PREFIX):
-                    key = entry.removeprefix(keys.REPLY_PREFIX)
-                    pipe.hget(keys.REPLIES, key)
-                    pipe.hget(keys.REPLY_STATE, key)
-                else:
-                    uid = entry.removeprefix(keys.REQUEST_PREFIX)
-                    pipe.hget(keys.BACKLOG, uid)
-                    if attempts:
-                        pipe.hget(keys.ATTEMPTS, uid)
+            for key, names in fields:
+                if names:
+                    pipe.hmget(key, names)
             found = iter(await pipe.execute())
+        columns = [iter(next(found) if names else ()) for _key, names in fields]
+        payloads, states, backlog = columns[:3]
+        failures = columns[3] if attempts else iter(())
         return [
-            (next(found), next(found) if attempts or entry.startswith(keys.REPLY_PREFIX) else None)
+            (next(payloads), next(states))
+            if entry.startswith(keys.REPLY_PREFIX)
+            else (next(backlog), next(failures) if attempts else None)
             for entry in entries
         ]
 

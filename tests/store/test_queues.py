@@ -207,6 +207,35 @@ async def test_failures_are_counted_only_for_requests_without_an_outcome(async_r
     assert await async_redis.hgetall(keys.ATTEMPTS) == {b"2.1": b"2"}
 
 
+async def test_entries_load_in_their_order_whatever_mixes_them(async_redis: aioredis.Redis) -> None:
+    store = Store(async_redis)
+    await async_redis.hset(keys.BACKLOG, mapping={"2.1": b"req 1", "2.3": b"req 3"})
+    await async_redis.hset(keys.ATTEMPTS, "2.3", 2)
+    await async_redis.hset(keys.REPLIES, mapping={"r1": b"reply 1", "r2": b"reply 2"})
+    await async_redis.hset(keys.REPLY_STATE, "r2", b"state 2")
+    req, rep = keys.REQUEST_PREFIX, keys.REPLY_PREFIX
+    entries = [req + "2.1", rep + "r1", req + "2.2", rep + "r2", req + "2.3", rep + "r9"]
+    assert await store.load_entries(entries) == [
+        (b"req 1", None),
+        (b"reply 1", None),
+        (None, None),
+        (b"reply 2", b"state 2"),
+        (b"req 3", None),
+        (None, None),
+    ]
+    assert await store.load_entries(entries, attempts=True) == [
+        (b"req 1", None),
+        (b"reply 1", None),
+        (None, None),
+        (b"reply 2", b"state 2"),
+        (b"req 3", b"2"),
+        (None, None),
+    ]
+    assert await store.load_entries([req + "2.3"], attempts=True) == [(b"req 3", b"2")]
+    assert await store.load_entries([rep + "r2"]) == [(b"reply 2", b"state 2")]
+    assert await store.load_entries([]) == []
+
+
 async def test_a_staged_request_moved_back_to_the_queue_is_accepted_from_there(
     async_redis: aioredis.Redis,
 ) -> None:
