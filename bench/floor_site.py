@@ -66,32 +66,40 @@ class FloorSite:
                 continue
             raws = [popped[1], *(await self.redis.lpop(keys.LOCAL, BATCH - 1) or [])]
             for raw in raws:
+                try:
+                    request = Envelope.decode(raw)
+                except EnvelopeDecodeError:
+                    continue  # not an envelope: nobody to answer
                 await slots.acquire()
-                post = asyncio.create_task(self._send(Envelope.decode(raw)))
+                post = asyncio.create_task(self._send(request))
                 posts.add(post)
                 post.add_done_callback(posts.discard)
                 post.add_done_callback(lambda _: slots.release())
 
     async def _send(self, request: Envelope) -> None:
-        twin = request.dst[0]
+        twin = request.dst[0] if request.dst else 0
         uid = f"{self.twin}.{next(self.uids)}"
-        signed = self.signer.sign(request.replace(uid=uid, src=self.twin, now=int(time.time())))
         self.waiting[uid] = request.ret
-        url = peer_url(self.twins[twin].address, REMOTE_PATH)
-        try:
-            reply = await self.http.request(
-                "POST",
-                url,
-                headers=[("Content-Type", "application/json")],
-                content=signed.encode(),
-                timeout_s=POST_TIMEOUT_S,
-            )
-            failure = None if reply.status == 200 else f"HTTP {reply.status}"
-        except HttpFailed as exc:
-            failure = str(exc)
+        failure = await self._post(twin, request.replace(uid=uid, src=self.twin, now=int(time.time())))
         if failure is not None and self.waiting.pop(uid, None) is not None:
             answer = request.replace(uid=uid, src=twin, dst=(self.twin,), dat="", err=failure)
             self._reply(request.ret, answer.encode())
+
+    async def _post(self, twin: int, request: Envelope) -> str | None:
+        """POST ``request``, signed, to ``twin``; what went wrong, if anything."""
+        if twin not in self.twins:
+            return f"twin {twin} is not in the twin file"
+        try:
+            reply = await self.http.request(
+                "POST",
+                peer_url(self.twins[twin].address, REMOTE_PATH),
+                headers=[("Content-Type", "application/json")],
+                content=self.signer.sign(request).encode(),
+                timeout_s=POST_TIMEOUT_S,
+            )
+        except HttpFailed as exc:
+            return str(exc)
+        return None if reply.status == 200 else f"HTTP {reply.status}"
 
     def _reply(self, ret: str, raw: bytes) -> None:
         self.replies.append((ret, raw))
