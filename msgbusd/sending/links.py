@@ -55,6 +55,7 @@ from msgbusd.reports.logs import about
 from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, ServerSocket, Socket
+from msgbusd.sending.way_back import WayBack
 from msgbusd.store.leases import first_set
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin
@@ -300,9 +301,15 @@ class Links:
         uplinks: Sequence[int] = (),
         relay: str = "",
         relays_for_others: bool = False,
+        way_back: WayBack | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._twin = twin
+        # Whether other sites can answer this one only over links it opens (no address, no relay).
+        self._way_back = way_back or WayBack(twin, resolver)
+        # A site answered only over links keeps the link to a twin open until then (monotonic): answers to
+        # the requests sent over it may still come.
+        self._answers_until: dict[int, float] = {}
         # The relay this site's own twin entry names (host:port): this site keeps a link to it, over which
         # the relay sends it everything for its twin.
         self.relay = relay
@@ -357,7 +364,10 @@ class Links:
         idle = [
             link
             for link in self._all_open()
-            if not link.busy and not link.uplink and now - link.used_at >= self.idle_s
+            if not link.busy
+            and not link.uplink
+            and now - link.used_at >= self.idle_s
+            and self._answers_until.get(link.peer, 0.0) <= now
         ]
         for link in idle:
             log.info("closing the link with twin %s: idle", link.peer, extra=about(twin=link.peer))
@@ -394,7 +404,7 @@ class Links:
                 self._uplinked.add(twin_id)
                 self._uplink_since[twin_id] = time.time()
             raise DeliveryError(
-                f"twin {twin_id} is reached over the uplink it opens to this site, and none is open",
+                waiting_for_link_text(twin_id, twin),
                 kind="unreachable",
                 retry_after_s=UPLINK_WAIT_S,
                 attempted=False,
@@ -402,16 +412,19 @@ class Links:
             )
         if twin is not None and twin.relay:
             return await self.link_to_relay(twin.relay, open_new=open_new)
-        # An uplink is kept as a link whatever happened to the ones before.
-        keeps_uplink = twin_id in self.uplinks
-        if not open_new or (not keeps_uplink and self._posts_until.get(twin_id, 0.0) > self._clock()):
+        # An uplink is kept as a link whatever happened to the ones before, and so is every link of a site
+        # that is answered only over its links.
+        keeps_link = twin_id in self.uplinks or await self._way_back.only_over_links()
+        if not (open_new or keeps_link) or (
+            not keeps_link and self._posts_until.get(twin_id, 0.0) > self._clock()
+        ):
             return None
         lock = self._opening.setdefault(twin_id, asyncio.Lock())
         async with lock:
             link = self._current(twin_id, replies_only)
             if link is not None:
                 return link
-            if not keeps_uplink and self._posts_until.get(twin_id, 0.0) > self._clock():
+            if not keeps_link and self._posts_until.get(twin_id, 0.0) > self._clock():
                 return None
             twin, url = await self._link_url(twin_id)
             origin = _origin(url)
@@ -425,9 +438,8 @@ class Links:
             # A link to the site of this site's own relay is the link to its relay, however it is opened.
             to_relay = self._is_own_relay(origin)
             try:
-                link = await self._open(
-                    twin_id, url, twin.public_key, uplink=keeps_uplink or to_relay, to_relay=to_relay
-                )
+                uplink = twin_id in self.uplinks or to_relay
+                link = await self._open(twin_id, url, twin.public_key, uplink=uplink, to_relay=to_relay)
             except LinkUnsupported as exc:
                 self._takes_links.discard(origin)
                 self._no_links_until[origin] = self._clock() + RECHECK_S
@@ -467,6 +479,10 @@ class Links:
         if self._closing:
             await socket.close(1001, "the site is stopping")
             return
+        # A twin that has neither an address nor a relay is answered over whichever link it opens: this end
+        # keeps it as that twin's uplink (sends it everything, never closes it for being idle).
+        link_is_uplink = uplink
+        uplink = uplink or await self._reached_only_by_its_links(peer)
         link = Link(
             peer,
             socket,
@@ -480,7 +496,8 @@ class Links:
         if uplink:
             self._uplinked.add(peer)
             self._uplink_since[peer] = time.time()
-            log.info("twin %s opened its uplink to this site", peer, extra=about(twin=peer))
+            kind = "its uplink" if link_is_uplink else "a link (its way back: it has no address)"
+            log.info("twin %s opened %s to this site", peer, kind, extra=about(twin=peer))
             await self._tell_uplink_change(peer, opened=True)
             self.on_uplink(peer)
         else:
@@ -610,6 +627,24 @@ class Links:
         if twin.relay:
             return self.relays_for_others
         return not twin.address.strip()
+
+    async def _reached_only_by_its_links(self, twin_id: int) -> bool:
+        twin = await self._known_twin(twin_id)
+        return twin is not None and not twin.relay and not twin.address.strip()
+
+    def expect_answers(self, twin_id: int, within_s: float) -> None:
+        """Requests just went to ``twin_id`` over a link this site opened: when this site is answered only
+        over its links, that link is not closed for being idle before ``within_s`` has passed."""
+        until = self._clock() + within_s
+        if until > self._answers_until.get(twin_id, 0.0):
+            self._answers_until[twin_id] = until
+        now = self._clock()
+        if len(self._answers_until) > 2 * self.max_links:
+            self._answers_until = {t: u for t, u in self._answers_until.items() if u > now}
+
+    async def answered_only_over_links(self) -> bool:
+        """Other sites answer this one only over the links it opens to them."""
+        return await self._way_back.only_over_links()
 
     async def _known_twin(self, twin_id: int) -> Twin | None:
         try:
@@ -950,3 +985,13 @@ def _frame(data: bytes | None, op: str, socket: Socket) -> dict[str, Any]:
 
 def _ignore_uplink(twin_id: int) -> None:
     pass
+
+
+def waiting_for_link_text(twin_id: int, twin: Twin | None) -> str:
+    """Why nothing goes to ``twin_id`` now: it is reached only over a link it opens, and none is open."""
+    if twin is not None and not twin.relay and not twin.address.strip():
+        return (
+            f"twin {twin_id} has no address: it is reached over a link it opens to this site, "
+            "and none is open"
+        )
+    return f"twin {twin_id} is reached over the uplink it opens to this site, and none is open"

@@ -53,6 +53,7 @@ from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import Schedule
 from msgbusd.sending.send_items import SendItem, SendItems
+from msgbusd.sending.way_back import WayBack, no_way_back
 from msgbusd.store.leases import Leases, first_set
 from msgbusd.store.queues import Store
 from twin_resolver.base import Resolver, ResolverError, Twin
@@ -371,6 +372,8 @@ class Peer:
                 link = await links.link_to(self.twin, replies_only=replies_only, open_new=busy)
             except DeliveryError as exc:
                 return [exc] * len(items)
+        if link is None and not replies_only and await self._answered_only_over_links():
+            return await self._without_way_back(items, lone=lone)
         # Through a relay (a link to another twin, or POSTs to the twin's relay), payloads are encrypted for
         # the twin.
         seal_for = None
@@ -385,8 +388,34 @@ class Peer:
             started = time.perf_counter()
             results = await send_envelopes(link, signed, self._peers.links_timeout_s)
             self._peers.metrics.observe_send("link", time.perf_counter() - started)
+            if links is not None and not replies_only and link.peer == self.twin:
+                links.expect_answers(self.twin, _answers_within_s(items))
             return results
         return await self._peers.posts.send_many(self.twin, signed, keep_alive=not lone)
+
+    async def _answered_only_over_links(self) -> bool:
+        way_back = self._peers.way_back
+        return way_back is not None and await way_back.only_over_links()
+
+    async def _without_way_back(self, items: list[SendItem], *, lone: bool) -> list[DeliveryError | None]:
+        """This site is answered only over its links, and the twin's site takes none: its requests are
+        refused at once (their answers could not come back); replies still go, in POSTs."""
+        way_back = self._peers.way_back
+        assert way_back is not None
+        refusal = no_way_back(way_back.twin, self.twin, links_off=self._peers.links is None)
+        results: list[DeliveryError | None] = [refusal if item.is_request else None for item in items]
+        replies = [item for item in items if not item.is_request]
+        if replies:
+            seal_for = await self._peers.relayed_twin(self.twin)
+            try:
+                signed = [(item.path, self._peers.sign(item, seal_for)) for item in replies]
+            except SealError as exc:
+                signed, sealing = [], DeliveryError(str(exc), kind="refused", final=True)
+                results = [sealing if result is None else result for result in results]
+            if signed:
+                sent = iter(await self._peers.posts.send_many(self.twin, signed, keep_alive=not lone))
+                results = [next(sent) if result is None else result for result in results]
+        return results
 
     # --- a peer that is down -----------------------------------------------------------------------------
 
@@ -515,6 +544,11 @@ class Peer:
         return True
 
 
+def _answers_within_s(items: Sequence[SendItem]) -> float:
+    """How long answers to the requests among ``items`` may still come (their lifetimes)."""
+    return max((float(item.envelope.lifetime_s) for item in items if item.is_request), default=0.0)
+
+
 class Peers:
     """The peers this site sends to, each with a sender while it has something to send."""
 
@@ -536,11 +570,14 @@ class Peers:
         probe_rate: float = 0.0,
         workers: int = 1000,
         link_after: int = 2,
+        way_back: WayBack | None = None,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
         events: EventLog | None = None,
     ) -> None:
         self.store = store
+        # How other sites answer this one (None: at its address, as far as this site knows).
+        self.way_back = way_back
         self.items = items
         self.schedule = schedule
         self.posts = posts

@@ -40,6 +40,7 @@ from msgbusd.sending.peers import Peers
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import CLAIM_BATCH, Schedule
 from msgbusd.sending.send_items import SendItems
+from msgbusd.sending.way_back import WayBack
 from msgbusd.site.companions import Companion, SiteHandle
 from msgbusd.site.garbage import settle_after_start_up
 from msgbusd.site.inflight import InFlight
@@ -450,6 +451,7 @@ async def open_site(
         log.error(
             "this site's twin entry names the relay %s, but with --no-links it keeps no link to it", own_relay
         )
+    way_back = WayBack(twin, resolver)
     links = None
     if settings.links:
         links = Links(
@@ -465,6 +467,7 @@ async def open_site(
             uplinks=settings.uplinks,
             relay=own_relay,
             relays_for_others=settings.relay,
+            way_back=way_back,
             max_frame_bytes=max_body_bytes,
         )
     peers = Peers(
@@ -483,6 +486,7 @@ async def open_site(
         probe_rate=settings.probe_rate,
         workers=settings.workers,
         link_after=settings.link_after,
+        way_back=way_back,
         clock=clock,
         metrics=metrics,
         events=events,
