@@ -48,6 +48,7 @@ from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import Metrics
 from msgbusd.reports.peer_activity import PeerActivityLog
 from msgbusd.sending.health import HealthState, PeerHealth, ProbePace, probe_backoff
+from msgbusd.sending.large_messages import LargeMessages
 from msgbusd.sending.links import UPLINK_WAIT_S, Links, send_envelopes
 from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
@@ -190,6 +191,8 @@ class Peer:
         self.uplink_opened = asyncio.Event()
         # Waiting for the twin to open its uplink (said once in the log).
         self.waits_for_uplink = False
+        # Large messages sent beside the others.
+        self.large = LargeMessages(peers.large_message_bytes)
 
     # --- the sender --------------------------------------------------------------------------------------
 
@@ -257,7 +260,7 @@ class Peer:
     async def _idle(self, lane: Lane) -> bool:
         """Wait for more to send; False once the lane has been idle long enough, or the daemon stops."""
         peers = self._peers
-        if peers.place_wanted:
+        if peers.place_wanted and not self.large.busy:
             return False
         # Woken by work, by a twin that wants the place, or by the daemon stopping (Peers sets the wake).
         try:
@@ -266,18 +269,20 @@ class Peer:
                     await lane.wake.wait()
             if peers.stopping.is_set():
                 return False
-            has_work = bool(lane.fresh) or not lane.trusted or lane.recheck
+            has_work = bool(lane.fresh) or not lane.trusted or lane.recheck or self.large.busy
             return has_work or (lane.wake.is_set() and not lane.give_way)
         finally:
             lane.give_way = False
 
     async def _send_fresh(self, lane: Lane) -> None:
         """Send what was just queued straight from memory; the Redis queue is popped, not read."""
-        items = [lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))]
+        items = self._set_aside([lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))])
+        if not items:
+            return
         entries = [item.entry for item in items]
         done, replies = await self._deliver(lane, entries, items)
         if done == len(entries):
-            if not await self._store.sent(self.twin, replies, exact=entries):
+            if not await self._store.sent(self.twin, replies, exact=entries, ahead=self.large.entries):
                 # The queue held more than memory, or in another order (several instances queue for one
                 # destination; the word of one may be late): what was sent is out of it, the Redis path sends
                 # the rest.
@@ -285,19 +290,95 @@ class Peer:
             return
         # Held messages: pop only what is certainly dealt with, and let the Redis path send the rest.
         lane.distrust()
-        await self._store.sent(self.twin, replies, exact=entries[:done])
+        await self._store.sent(self.twin, replies, exact=entries[:done], ahead=self.large.entries)
 
     async def _send_some(self, lane: Lane) -> bool:
         """Send the next batch of the queue; True when that was the whole queue, and all of it went."""
-        entries = await self._store.send_queue_heads(self.twin, BATCH)
+        aside = len(self.large.entries)
+        entries = await self._store.send_queue_heads(self.twin, BATCH + aside)
         if not entries:
             return True
+        whole = len(entries) < BATCH + aside
+        if aside:
+            # Large messages on their way stay where they are; the sender reads around them.
+            around = [entry for entry in entries if entry not in self.large]
+            whole = whole and len(around) <= BATCH
+            entries = around[:BATCH]
+            if not entries:
+                return whole
         self._peers.metrics.send_queue_read()
         items = await self._peers.items.read(entries)
+        batch = self._set_aside(items)
+        if len(batch) < len(items) or aside:
+            taken = {item.entry for item in batch}
+            set_aside = [item.entry for item in items if item.entry not in taken]
+            entries = [entry for entry in entries if entry not in set_aside]
+            done, replies = await self._deliver(lane, entries, batch) if batch else (len(entries), [])
+            await self._store.sent(self.twin, replies, exact=entries[:done], ahead=self.large.entries)
+            lane.sent_from_redis([*entries[:done], *set_aside])
+            return whole and done == len(entries)
         done, replies = await self._deliver(lane, entries, items) if items else (len(entries), [])
         await self._store.sent(self.twin, replies, head=(entries[0], done))
         lane.sent_from_redis(entries[:done])
-        return len(entries) < BATCH and done == len(entries)
+        return whole and done == len(entries)
+
+    # --- large messages, sent beside the others -------------------------------------------------------------
+
+    def _set_aside(self, items: list[SendItem]) -> list[SendItem]:
+        """Start sending the large messages among ``items`` on their own (or keep them waiting for a slot);
+        returns the others, to send as a batch."""
+        if self.large.threshold_bytes <= 0:
+            return items
+        batch, start = self.large.set_aside(items)
+        for item in start:
+            self._peers.spawn(self._send_large(item), f"large message {item.entry} to twin {self.twin}")
+        return batch
+
+    async def _send_large(self, item: SendItem) -> None:
+        """Send one large message; its entry leaves the send queue once the peer has it (or its failure is
+        in the schedule). Then the next waiting one goes."""
+        delivered = False
+        following: str | None = None
+        try:
+            done, replies = await self._deliver(self.lane or Lane(), [item.entry], [item])
+            await self._store.sent(self.twin, replies, remove=[item.entry][:done])
+            delivered = done == 1
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "sending %s to twin %s: redis failed (%s); it is sent again from the queue",
+                item.entry,
+                self.twin,
+                exc,
+                extra=about(dst=self.twin),
+            )
+        finally:
+            following = self.large.finished(item.entry, delivered=delivered)
+            if not delivered and self.lane is not None:
+                # It waits in the queue, where the sender reads it again.
+                self.lane.distrust()
+                self.lane.wake.set()
+        if following is not None:
+            what = f"large message {following} to twin {self.twin}"
+            self._peers.spawn(self._send_waiting_large(following), what)
+
+    async def _send_waiting_large(self, entry: str | None) -> None:
+        """Read a large message that waited for its slot, and send it."""
+        while entry is not None:
+            try:
+                items = await self._peers.items.read([entry])
+            except (RedisError, OSError):
+                self.large.finished(entry, delivered=False)
+                if self.lane is not None:
+                    self.lane.distrust()
+                    self.lane.wake.set()
+                return
+            if items:
+                await self._send_large(items[0])
+                return
+            # Finished meanwhile (given up, expired): out of the queue, and the next one goes.
+            with contextlib.suppress(RedisError, OSError):
+                await self._store.sent(self.twin, [], remove=[entry])
+            entry = self.large.finished(entry, delivered=True)
 
     async def _deliver(self, lane: Lane, entries: list[str], items: list[SendItem]) -> tuple[int, list[str]]:
         """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue), and
@@ -570,6 +651,7 @@ class Peers:
         probe_rate: float = 0.0,
         workers: int = 1000,
         link_after: int = 2,
+        large_message_bytes: int = 65536,
         way_back: WayBack | None = None,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
@@ -578,6 +660,8 @@ class Peers:
         self.store = store
         # How other sites answer this one (None: at its address, as far as this site knows).
         self.way_back = way_back
+        # A message with a larger payload is sent beside the others (0: none is).
+        self.large_message_bytes = large_message_bytes
         self.items = items
         self.schedule = schedule
         self.posts = posts
@@ -833,6 +917,10 @@ class Peers:
         if kept.items is not None:
             lane.queued(kept.items)
         self._spawn(peer.run(lane), f"sender to twin {dst}")
+
+    def spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``work`` beside the senders (the daemon waits for it, or cancels it, when it stops)."""
+        self._spawn(work, what)
 
     async def relayed_twin(self, twin_id: int) -> Twin | None:
         """``twin_id``'s entry when it names a relay (what is sent to it is encrypted for it), else None."""

@@ -197,6 +197,14 @@ def site_settings(
             "within 10 s of the last (1: at its first message); until then they go in POSTs.",
         ),
     ] = 2,
+    large_message_bytes: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="A message with a larger payload is sent beside the others, not in front of them: smaller "
+            "messages queued after it do not wait for it (and may arrive first); 0: every message in order.",
+        ),
+    ] = 65536,
     max_links: Annotated[
         int,
         typer.Option(
@@ -333,6 +341,7 @@ def site_settings(
         uplinks=uplinks,
         relay=relay,
         link_after=link_after,
+        large_message_bytes=large_message_bytes,
         max_message_bytes=max_message_size,
         rate_limit=rate_limit,
         rate_burst=rate_burst,

@@ -486,6 +486,7 @@ async def open_site(
         probe_rate=settings.probe_rate,
         workers=settings.workers,
         link_after=settings.link_after,
+        large_message_bytes=settings.large_message_bytes,
         way_back=way_back,
         clock=clock,
         metrics=metrics,

@@ -81,6 +81,8 @@ class Settings:
     # A link to a twin is opened once this many messages go to it at once, or when it is sent one within
     # 10 s of the last; until then (one message now and then) they go in POSTs.
     link_after: int = 2
+    # A message with a larger payload is sent beside the others (0: every message in queue order).
+    large_message_bytes: int = 65536
     # Where to write the event log (None: no event log), and when to start its next file.
     event_log_dir: Path | None = None
     event_log_max_bytes: int = 64 * 1024 * 1024

@@ -17,41 +17,54 @@ from wire.redis_url import as_text
 
 # After a send: forgets the replies the peer now has (payload, state, outbox entry) and takes what was sent
 # out of the send queue, all at once. KEYS: send queue, destinations set, replies, reply states, outbox. ARGV:
-# destination, then either 'exact', n and the n entries sent (popped if the queue starts with exactly them,
-# else taken out of the queue's first 2n entries, wherever they are) or 'head', n and one entry (pop n entries
-# if the queue still starts with it), then the keys of the replies to forget. Returns 1 when the queue started
-# with what was given, else 0.
+# destination, a mode, then the keys of the replies to forget. The modes:
+# - 'exact', n, k, the n entries sent, k entries that may lie among them (large messages still on their way):
+#   the queue is expected to start with exactly the n, in order, apart from those k; the n are taken out of
+#   the queue's first 2n + k entries, wherever they are, and the rest keeps its order;
+# - 'head', n, one entry: pop n entries if the queue still starts with that one ('head', 0: pop none);
+# - 'remove', n, the n entries: each taken out wherever it is (a large message sent beside the others).
+# Returns 1 when the queue started with what was given ('remove': always), else 0.
 _SENT = """
-local n = tonumber(ARGV[3])
-local given = n
-if ARGV[2] == 'head' and n > 0 then given = 1 end
-local exact = 1
-if n > 0 then
-  if ARGV[2] == 'head' then
+local mode, n = ARGV[2], tonumber(ARGV[3])
+local exact, first_reply = 1, 4
+if mode == 'head' then
+  if n > 0 then
+    first_reply = 5
     if redis.call('LINDEX', KEYS[1], 0) == ARGV[4] then redis.call('LPOP', KEYS[1], n) else exact = 0 end
-  else
-    local window = redis.call('LRANGE', KEYS[1], 0, 2 * n - 1)
-    for i = 1, n do
-      if window[i] ~= ARGV[3 + i] then exact = 0 end
+  end
+elseif mode == 'remove' then
+  first_reply = 4 + n
+  for i = 1, n do redis.call('LREM', KEYS[1], 1, ARGV[3 + i]) end
+else
+  local k = tonumber(ARGV[4])
+  first_reply = 5 + n + k
+  if n > 0 then
+    local window = redis.call('LRANGE', KEYS[1], 0, 2 * n + k - 1)
+    local aside = {}
+    for i = 1, k do aside[ARGV[4 + n + i]] = true end
+    local matched = 0
+    for i = 1, math.min(#window, n + k) do
+      local entry = window[i]
+      if not aside[entry] then
+        matched = matched + 1
+        if entry ~= ARGV[4 + matched] then exact = 0 end
+      end
     end
-    if exact == 1 then
-      redis.call('LPOP', KEYS[1], n)
-    else
-      local sent = {}
-      for i = 1, n do sent[ARGV[3 + i]] = true end
-      local kept = {}
-      for _, entry in ipairs(window) do
-        if not sent[entry] then kept[#kept + 1] = entry end
-      end
-      if #kept < #window then
-        redis.call('LPOP', KEYS[1], #window)
-        for i = #kept, 1, -1 do redis.call('LPUSH', KEYS[1], kept[i]) end
-      end
+    if matched ~= n then exact = 0 end
+    local sent = {}
+    for i = 1, n do sent[ARGV[4 + i]] = true end
+    local kept = {}
+    for _, entry in ipairs(window) do
+      if not sent[entry] then kept[#kept + 1] = entry end
+    end
+    if #kept < #window then
+      redis.call('LPOP', KEYS[1], #window)
+      for i = #kept, 1, -1 do redis.call('LPUSH', KEYS[1], kept[i]) end
     end
   end
-  if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
 end
-for i = 4 + given, #ARGV do
+if n > 0 and redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[1]) end
+for i = first_reply, #ARGV do
   redis.call('HDEL', KEYS[3], ARGV[i])
   redis.call('HDEL', KEYS[4], ARGV[i])
   redis.call('ZREM', KEYS[5], 'rep:' .. ARGV[i])
@@ -130,16 +143,22 @@ class SendQueues:
         replies: Sequence[str],
         *,
         exact: Sequence[str] = (),
+        ahead: Sequence[str] = (),
         head: tuple[str, int] | None = None,
+        remove: Sequence[str] = (),
     ) -> bool:
         """After a send to ``dst``, in one round trip: forget the ``replies`` (keys) the peer now has, and
-        take what was sent out of the send queue: the entries ``exact`` (sent from memory; taken out wherever
-        they are near the head), or ``head``'s count of entries if the queue still starts with ``head``'s
-        first. False if the queue did not start with exactly that (memory was not in step with it)."""
+        take what was sent out of the send queue: the entries ``exact`` (taken out wherever they are near the
+        head; the queue is expected to start with exactly these, apart from the entries ``ahead``, large
+        messages still on their way), or ``head``'s count of entries if the queue still starts with ``head``'s
+        first, or the entries ``remove`` wherever they are. False if the queue did not start with exactly
+        that (memory was not in step with it)."""
         if head is not None:
             pop: list[Any] = ["head", head[1], head[0]] if head[1] else ["head", 0]
+        elif remove:
+            pop = ["remove", len(remove), *remove]
         else:
-            pop = ["exact", len(exact), *exact]
+            pop = ["exact", len(exact), len(ahead) if exact else 0, *exact, *(ahead if exact else ())]
         if pop[1] == 0 and not replies:
             return True
         script_keys = [keys.send_queue(dst), keys.DESTINATIONS, keys.REPLIES, keys.REPLY_STATE, keys.OUTBOX]

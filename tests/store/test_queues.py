@@ -120,6 +120,26 @@ async def test_sent_looks_for_what_was_sent_only_near_the_head(async_redis: aior
     assert await async_redis.lrange(queue, 0, -1) == [b"req:a", b"req:c", b"req:d", b"req:e"]
 
 
+async def test_sent_around_large_messages_on_their_way_leaves_them_where_they_are(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    queue = keys.send_queue(2)
+    await async_redis.rpush(queue, "req:big1", "req:a", "req:big2", "req:b", "req:c", "req:d")
+    await async_redis.sadd(keys.DESTINATIONS, 2)
+    # The queue starts with exactly what was sent, apart from the large messages still on their way.
+    assert await store.sent(2, [], exact=["req:a", "req:b"], ahead=["req:big2", "req:big1"]) is True
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:big1", b"req:big2", b"req:c", b"req:d"]
+    # Not in step (req:c was not sent): req:d is still taken out, the rest keeps its order.
+    assert await store.sent(2, [], exact=["req:d"], ahead=["req:big1", "req:big2"]) is False
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:big1", b"req:big2", b"req:c"]
+    # A large message that got through is taken out wherever it is.
+    assert await store.sent(2, [], remove=["req:big2"]) is True
+    assert await async_redis.lrange(queue, 0, -1) == [b"req:big1", b"req:c"]
+    assert await store.sent(2, [], remove=["req:c", "req:big1"]) is True
+    assert await store.pending_destinations() == []
+
+
 async def test_sent_pops_a_head_that_still_starts_with_the_first_entry(async_redis: aioredis.Redis) -> None:
     store = Store(async_redis)
     await async_redis.rpush(keys.send_queue(2), "req:a", "req:b", "req:c")
