@@ -1,8 +1,8 @@
 #!/bin/sh
 # Installs the system programs msgbus runs against (redis-server, mosquitto and its clients for the router's MQTT side, a Java
-# runtime for the Spark job, and HAProxy, the load balancer the tests put in front of a site of several machines) when they
-# are missing. Idempotent. The tests start their own mosquitto processes on
-# free ports: the distribution's mosquitto service is not needed (on a machine with systemd it listens on 1883).
+# runtime for the Spark job, HAProxy, the load balancer the tests put in front of a site of several machines, and iproute2,
+# iptables and conntrack for the network test bed) when they are missing. Idempotent. The tests start their own mosquitto
+# processes on free ports: the distribution's mosquitto service is not needed (on a machine with systemd it listens on 1883).
 set -eu
 
 missing=""
@@ -14,6 +14,11 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$
 command -v mosquitto_pub >/dev/null 2>&1 || missing="$missing mosquitto-clients"
 # Debian puts haproxy in /usr/sbin too.
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$missing haproxy"
+# The network test bed (testing/netbed): namespaces and links, the NAT gateway's firewall, its mappings.
+# All three live in /usr/sbin as well.
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$missing iproute2"
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing="$missing iptables"
+command -v conntrack >/dev/null 2>&1 || [ -x /usr/sbin/conntrack ] || missing="$missing conntrack"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" = 0 ]; then

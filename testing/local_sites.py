@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -120,7 +121,21 @@ class RedisProcess:
     tls: bool = False
     # A replica of the redis-server on this port.
     replica_of: int | None = None
+    # Run inside this network namespace (``ip netns exec``); it then listens on a unix socket in ``workdir``
+    # too, which reaches it from any namespace (``socket_url``).
+    netns: str | None = None
     process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        """Its unix socket (listened on only with ``netns``)."""
+        return self.workdir / "redis.sock"
+
+    @property
+    def socket_url(self) -> str:
+        """A URL of its unix socket, for clients in any namespace (only with ``netns``)."""
+        auth = f"&password={quote(self.password, safe='')}" if self.password else ""
+        return f"unix://{self.socket_path}?db=0{auth}"
 
     @property
     def url(self) -> str:
@@ -158,9 +173,28 @@ class RedisProcess:
             args += ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
             for option, name in (("cert", "redis.crt"), ("key", "redis.key"), ("ca-cert", "ca.crt")):
                 args += [f"--tls-{option}-file", str(self.workdir / name)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: port_open(self.port), what=f"redis-server on port {self.port}")
+        prefix: list[str] = []
+        if self.netns is not None:
+            prefix = ["ip", "netns", "exec", self.netns]
+            args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        self.process = subprocess.Popen(
+            [*prefix, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        if self.netns is None:
+            wait_until(lambda: port_open(self.port), what=f"redis-server on port {self.port}")
+        else:
+            wait_until(self._socket_open, what=f"redis-server in {self.netns} on {self.socket_path}")
         return self
+
+    def _socket_open(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"redis-server in {self.netns} exited with {self.process.returncode}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(str(self.socket_path))
+            except OSError:
+                return False
+        return True
 
     def in_sync(self) -> bool:
         """This replica has copied its master's data and follows it."""
@@ -216,6 +250,8 @@ class SiteProcess:
     relay: str = ""
     # Look twins up there (``--substrate``: chain or HTTP twin source) instead of in ``twins_file``.
     twin_source: str | None = None
+    # Run inside this network namespace (``ip netns exec``); ``url`` then only works from inside it.
+    netns: str | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -262,8 +298,9 @@ class SiteProcess:
         env["MSGBUS_MNEMONICS"] = self.mnemonic
         with open(self.log_path, "ab") as log_file:
             offset = log_file.tell()
+            prefix = ["ip", "netns", "exec", self.netns] if self.netns is not None else []
             self.process = subprocess.Popen(
-                self.command(), stdout=log_file, stderr=subprocess.STDOUT, env=env
+                [*prefix, *self.command()], stdout=log_file, stderr=subprocess.STDOUT, env=env
             )
         wait_until(lambda: self._ready_since(offset), timeout_s, f"msgbusd twin {self.twin} to be ready")
         return self

@@ -16,6 +16,7 @@ PROCESS_DIRS = {"spark", "faults"}
 PROCESS_MODULES = {
     "door/test_fuzz_door.py",
     "gateway/test_gateway.py",
+    "netbed/test_bed.py",
     "reports/test_event_log_sites.py",
     "router/test_e2e.py",
     "router/test_faults.py",
