@@ -1,5 +1,7 @@
 """The two ends of a link (:mod:`msgbusd.sending.links`) behind one small interface: the opener's end is an
-aiohttp WebSocket, the other a starlette one on the site port."""
+aiohttp WebSocket, the other a starlette one on the site port. Both are paced
+(:mod:`msgbusd.sending.link_pacing`): a ``send`` returns once the message is in the kernel's hands, which
+hold little of it unsent."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import Protocol
 
 import aiohttp
 from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from msgbusd.sending.link_pacing import pace_client, pace_server
 
 # The close code of a refused handshake (4000-4999 are the application's).
 REFUSED = 4403
@@ -49,6 +53,7 @@ class ClientSocket:
         self._ws = ws
         self._reason = ""
         self._code: int | None = None
+        self.pacing = pace_client(ws)
 
     async def send(self, data: bytes) -> None:
         try:
@@ -94,6 +99,7 @@ class ServerSocket:
         self._reason = ""
         self._closed = False
         self._code: int | None = None
+        self.pacing = pace_server(ws)
 
     async def send(self, data: bytes) -> None:
         if self._closed:
@@ -102,6 +108,9 @@ class ServerSocket:
             await self._ws.send_bytes(data)
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:
             raise LinkClosed(str(exc) or type(exc).__name__) from exc
+        # uvicorn waits for the transport before its next write: the link's writer is to pick the next
+        # message once this one left, not before.
+        await self.pacing.wait_drained()
 
     async def receive(self) -> bytes | None:
         if self._closed:

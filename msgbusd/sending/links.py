@@ -7,11 +7,21 @@ with plain HTTP (go-rmb) is sent POSTs instead (:mod:`msgbusd.sending.posts`).
 
 Every frame is one JSON object in a binary WebSocket message::
 
-    site -> opener   {"op": "challenge", "twin": S, "nonce": "<hex>", "max_bytes": N}
-    opener -> site   {"op": "hello", "twin": C, "nonce": "<hex>", "sig": "<hex>", "max_bytes": N}
+    site -> opener   {"op": "challenge", "twin": S, "nonce": "<hex>", "max_bytes": N, "parts": true}
+    opener -> site   {"op": "hello", "twin": C, "nonce": "<hex>", "sig": "<hex>", "max_bytes": N,
+                      "parts": true}
     site -> opener   {"op": "welcome", "sig": "<hex>"}
     either way       {"op": "send", "id": N, "messages": [{"path": "/zbus-remote", "envelope": {...}}, ...]}
     either way       {"op": "ack", "id": N, "results": [{"status": 200}, {"status": 400, "message": "..."}]}
+
+or, when it is larger than 16 KiB and the other end said ``"parts": true`` in its handshake frame, in parts
+(:mod:`msgbusd.sending.link_parts`): binary messages that start with a 0x00 byte (a JSON frame never does),
+then flags (first, last) and a part id of the writer's own, then the frame's next slice. The reader puts the
+frame together and takes it as if it came whole. Each end has one writer that takes turns
+(:mod:`msgbusd.sending.link_writer`): the small frames, acks among them, go between the parts of large
+ones instead of waiting seconds behind them on a thin cable, and little waits in the buffers below it
+(:mod:`msgbusd.sending.link_pacing`). A site that does not say ``"parts"`` (an older one: it ignores the key
+in the other's frame) is written whole frames, as before.
 
 An opener that keeps the link up so that the site can reach it (``msgbusd --uplink TWIN``: an edge that
 cannot be dialed) says so in its hello (``"uplink": true``): the site then sends everything for that twin
@@ -25,8 +35,9 @@ ones are refused (413) without being sent, and a frame holds at most that much.
 
 Every envelope is still signed and checked on its own and answered on its own in the ``ack`` (go-rmb's
 status and text), and the sender pops its queue only after the ack: a link that breaks loses nothing, its
-frames without an ack are sent again on the next link, and the receiver drops what it already has. Both
-ends ping: a link that stops answering is closed within ``ping_s`` twice over.
+frames without an ack are sent again on the next link, and the receiver drops what it already has. An ack
+is waited for from when the frame's last piece was written (a large frame on a slow cable is not cut for
+taking long); both ends ping: a link that stops answering is closed within ``ping_s`` twice over.
 """
 
 from __future__ import annotations
@@ -54,12 +65,15 @@ from msgbusd.identity.signing import SignatureError, Signer, verify_digest
 from msgbusd.reports.logs import about
 from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.link_parts import PartError, Reassembly, is_part
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, ServerSocket, Socket
+from msgbusd.sending.link_writer import FairWriter
 from msgbusd.sending.way_back import WayBack
 from msgbusd.store.leases import first_set
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin
 from wire.backoff import Backoff, sleep_unless
+from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, envelope_size_limit
 from wire.error_texts import too_large_text
 
 log = logging.getLogger("msgbusd.links")
@@ -67,6 +81,8 @@ log = logging.getLogger("msgbusd.links")
 LINK_PATH = "/zbus-link"
 # Frames received and not yet answered, per link: the sender waits for acks, so more means a flood.
 INBOUND_FRAMES = 16
+# Room in a frame for what wraps its envelopes (the op, the id, each message's path), and in an ack.
+FRAME_OVERHEAD_BYTES = 4096
 # A site that answers the upgrade with plain HTTP is sent POSTs this long before it is asked again, for every
 # twin at its address (scheme, host and port): a daemon answering for many twins is asked once, not per twin.
 RECHECK_S = 600.0
@@ -111,7 +127,12 @@ def handshake_digest(signer_twin: int, other_twin: int, nonce: str) -> bytes:
 
 class Link:
     """An open link to twin ``peer``: sends frames and waits for their acks, answers the peer's frames in
-    the order they came."""
+    the order they came.
+
+    One writer takes turns between this end's frames (:class:`~msgbusd.sending.link_writer.FairWriter`):
+    to a peer that reads parts (``peer_reads_parts``: it said so in the handshake) a large frame goes in
+    parts, and the small frames behind it go between them. The peer's frames in parts are put together
+    again, up to ``max_bytes`` (the largest envelope this end takes) and its wrapping each."""
 
     def __init__(
         self,
@@ -121,6 +142,8 @@ class Link:
         *,
         opened_here: bool,
         peer_max_bytes: int,
+        peer_reads_parts: bool = False,
+        max_bytes: int = envelope_size_limit(DEFAULT_MAX_MESSAGE_BYTES),
         uplink: bool = False,
         to_relay: bool = False,
         clock: Callable[[], float] = time.monotonic,
@@ -140,9 +163,11 @@ class Link:
         self.retired = False
         # The largest envelope the peer takes (it says so in the handshake).
         self.peer_max_bytes = peer_max_bytes
+        self.peer_reads_parts = peer_reads_parts
         self._socket = socket
         self._answer = answer
-        self._write_lock = asyncio.Lock()
+        self._writer = FairWriter(socket.send, parts=peer_reads_parts)
+        self._parts = Reassembly(max_bytes + FRAME_OVERHEAD_BYTES)
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[list[Result]]] = {}
         self._inbound: asyncio.Queue[tuple[int, list[Any]] | None] = asyncio.Queue(INBOUND_FRAMES)
@@ -159,7 +184,11 @@ class Link:
 
     async def send(self, messages: Sequence[bytes], timeout_s: float) -> list[Result]:
         """Send ``messages`` (each an encoded ``{"path", "envelope"}`` object) in one frame and wait for
-        the peer's answer to each; raises :class:`LinkClosed` if the link ends or stalls first."""
+        the peer's answer to each; raises :class:`LinkClosed` if the link ends or stalls first.
+
+        ``timeout_s`` counts from when the frame's last piece was written: however long a large frame
+        takes on a slow cable, the link is not closed for it (a link that makes no progress at all is
+        found by the pings)."""
         if self._closed is not None:
             raise LinkClosed(self._closed)
         frame_id = self._next_id
@@ -181,6 +210,9 @@ class Link:
                 raise LinkClosed(f"no answer within {timeout_s:g}s") from None
         finally:
             self._pending.pop(frame_id, None)
+            if answered.done() and not answered.cancelled():
+                # Failed as the link ended while the frame was being written: the write's error is raised.
+                answered.exception()
         if len(results) != len(messages):
             await self.close("an answer that does not match its frame")
             raise LinkClosed(f"{len(results)} results for {len(messages)} messages")
@@ -191,11 +223,20 @@ class Link:
         answering = asyncio.ensure_future(self._answer_frames())
         try:
             while (data := await self._socket.receive()) is not None:
-                if not await self._dispatch(data):
+                try:
+                    frame = self._put_together(data) if is_part(data) else data
+                except PartError as exc:
+                    log.warning(
+                        "closing the link with twin %s: %s", self.peer, exc, extra=about(twin=self.peer)
+                    )
+                    await self.close(f"unreadable part: {exc}", code=exc.code)
+                    break
+                if frame is not None and not await self._dispatch(frame):
                     break
         finally:
             self._closed = self._closed or self._socket.close_reason()
             self.retired = self.retired or self._socket.retired()
+            await self._writer.close(self._closed)
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(LinkClosed(self._closed))
@@ -209,8 +250,8 @@ class Link:
 
     @property
     def busy(self) -> bool:
-        """A frame of ours waits for its ack, or one of the peer's for its answer."""
-        return bool(self._pending) or self._answering
+        """A frame of ours waits for its ack, or one of the peer's for its answer or its next parts."""
+        return bool(self._pending) or self._answering or self._parts.holding
 
     async def retire(self, reason: str) -> None:
         """Close the link because this site no longer needs it (not a break: it opens again on need)."""
@@ -221,6 +262,7 @@ class Link:
         """Close the link; frames waiting for an answer fail with :class:`LinkClosed`."""
         if self._closed is None:
             self._closed = reason
+        await self._writer.close(self._closed)
         await self._socket.close(code, reason)
 
     async def _dispatch(self, data: bytes) -> bool:
@@ -243,6 +285,11 @@ class Link:
             await self.close(f"unreadable frame: {exc}", code=1003)
             return False
         return True
+
+    def _put_together(self, part: bytes) -> bytes | None:
+        """The peer's frame ``part`` completes, or None while more of it is to come."""
+        self.used_at = self._clock()
+        return self._parts.add(part)
 
     def _acked(self, frame_id: int, results: list[dict[str, Any]]) -> None:
         future = self._pending.get(frame_id)
@@ -274,8 +321,7 @@ class Link:
                 self.used_at = self._clock()
 
     async def _write(self, data: bytes) -> None:
-        async with self._write_lock:
-            await self._socket.send(data)
+        await self._writer.write(data)
 
 
 class Links:
@@ -469,7 +515,9 @@ class Links:
         await websocket.accept()
         socket = ServerSocket(websocket)
         try:
-            peer, peer_max_bytes, uplink = await asyncio.wait_for(self._greet(socket), self.timeout_s)
+            peer, peer_max_bytes, uplink, reads_parts = await asyncio.wait_for(
+                self._greet(socket), self.timeout_s
+            )
         except (TimeoutError, _Refused, LinkClosed) as exc:
             reason = str(exc) if isinstance(exc, _Refused) else "no handshake in time"
             if not isinstance(exc, LinkClosed):
@@ -489,6 +537,8 @@ class Links:
             self._answer,
             opened_here=False,
             peer_max_bytes=peer_max_bytes,
+            peer_reads_parts=reads_parts,
+            max_bytes=self.max_frame_bytes,
             uplink=uplink,
             clock=self._clock,
         )
@@ -827,7 +877,7 @@ class Links:
             raise DeliveryError(f"couldn't reach {what} at {url}: {exc}", offline=True) from exc
         socket = ClientSocket(ws)
         try:
-            peer, peer_max_bytes = await asyncio.wait_for(
+            peer, peer_max_bytes, reads_parts = await asyncio.wait_for(
                 self._introduce(socket, twin_id, public_key, uplink=uplink), self.timeout_s
             )
         except TimeoutError as exc:
@@ -846,6 +896,8 @@ class Links:
             self._answer,
             opened_here=True,
             peer_max_bytes=peer_max_bytes,
+            peer_reads_parts=reads_parts,
+            max_bytes=self.max_frame_bytes,
             uplink=uplink,
             to_relay=to_relay,
             clock=self._clock,
@@ -853,10 +905,10 @@ class Links:
 
     async def _introduce(
         self, socket: Socket, twin_id: int | None, public_key: bytes | None, *, uplink: bool
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, bool]:
         """The opener's half of the handshake: the twin at the other end (``twin_id``, or for a relay the
-        twin it proves to be) and the largest envelope its site takes. Raises :class:`LinkClosed` when it
-        fails."""
+        twin it proves to be), the largest envelope its site takes, and whether it reads frames in parts.
+        Raises :class:`LinkClosed` when it fails."""
         challenge = _frame(await socket.receive(), "challenge", socket)
         if twin_id is None or public_key is None:
             twin_id, public_key = await self._relay_identity(challenge.get("twin"))
@@ -870,14 +922,14 @@ class Links:
         hello: dict[str, Any] = {"op": "hello", "twin": self._twin, "nonce": nonce, "sig": sig}
         if uplink:
             hello["uplink"] = True
-        await socket.send(orjson.dumps({**hello, "max_bytes": self.max_frame_bytes}))
+        await socket.send(orjson.dumps({**hello, "max_bytes": self.max_frame_bytes, "parts": True}))
         welcome = _frame(await socket.receive(), "welcome", socket)
         try:
             digest = handshake_digest(twin_id, self._twin, nonce)
             verify_digest(str(welcome.get("sig", "")), digest, public_key)
         except SignatureError as exc:
             raise LinkClosed(f"the site there is not twin {twin_id}: {exc.message}", refused=True) from exc
-        return twin_id, _max_bytes(challenge, self.max_frame_bytes)
+        return twin_id, _max_bytes(challenge, self.max_frame_bytes), challenge.get("parts") is True
 
     async def _relay_identity(self, claimed: object) -> tuple[int, bytes]:
         """A relay is named by its address only: it is whichever twin it says, once it proves it holds that
@@ -889,11 +941,18 @@ class Links:
         except ResolverError as exc:
             raise LinkClosed(f"couldn't get the relay's twin {claimed}: {exc}", refused=True) from exc
 
-    async def _greet(self, socket: Socket) -> tuple[int, int, bool]:
+    async def _greet(self, socket: Socket) -> tuple[int, int, bool, bool]:
         """The site's half of the handshake: the opener's twin, once it proved it holds that twin's key, the
-        largest envelope the opener takes, and whether it opens the link as its uplink."""
+        largest envelope the opener takes, whether it opens the link as its uplink, and whether it reads
+        frames in parts."""
         nonce = os.urandom(16).hex()
-        challenge = {"op": "challenge", "twin": self._twin, "nonce": nonce, "max_bytes": self.max_frame_bytes}
+        challenge = {
+            "op": "challenge",
+            "twin": self._twin,
+            "nonce": nonce,
+            "max_bytes": self.max_frame_bytes,
+            "parts": True,
+        }
         await socket.send(orjson.dumps(challenge))
         try:
             hello = _frame(await socket.receive(), "hello", socket)
@@ -911,7 +970,8 @@ class Links:
             raise _Refused(f"not signed by twin {peer}: {exc.message}") from exc
         sig = self._signer.sign_digest(handshake_digest(self._twin, peer, str(hello.get("nonce", "")))).hex()
         await socket.send(orjson.dumps({"op": "welcome", "sig": sig}))
-        return peer, _max_bytes(hello, self.max_frame_bytes), hello.get("uplink") is True
+        uplink = hello.get("uplink") is True
+        return peer, _max_bytes(hello, self.max_frame_bytes), uplink, hello.get("parts") is True
 
 
 async def send_envelopes(
