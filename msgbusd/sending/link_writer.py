@@ -7,8 +7,10 @@ turn, so a small frame waits for at most one part of each large frame being writ
 :data:`~msgbusd.sending.link_parts.PARTIAL_FRAMES` large frames are written at once; the next ones wait for
 one of them to end. To a peer that does not read parts every frame is small: written whole, in order.
 
-A frame is written completely or not at all: one whose caller gave up is dropped if nothing of it was
-written yet, and finished otherwise (the peer's reader would hold its first parts until the link ends).
+A small frame written while nothing else waits is written at once by its caller (no turn, no task): a quiet
+link costs what a plain write does. A frame is written completely or not at all: one whose caller gave up
+is dropped if nothing of it was written yet, and finished otherwise (the peer's reader would hold its first
+parts until the link ends).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class FairWriter:
         # The frame a piece of which is being written.
         self._writing: _Frame | None = None
         self._task: asyncio.Task[None] | None = None
+        # A frame is being written by its caller directly (nothing else was waiting).
+        self._direct = False
         self._closed: str | None = None
 
     async def write(self, frame: bytes) -> None:
@@ -78,8 +82,12 @@ class FairWriter:
         closes first. The frame is queued before this first waits."""
         if self._closed is not None:
             raise LinkClosed(self._closed)
+        in_parts = self._parts and len(frame) > PART_BYTES
+        if not in_parts and self._task is None and not self._direct:
+            await self._write_at_once(frame)
+            return
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._parts and len(frame) > PART_BYTES:
+        if in_parts:
             large = _Frame(frame, self._next_part_id, written)
             self._next_part_id += 1
             if self._large < PARTIAL_FRAMES:
@@ -92,9 +100,24 @@ class FairWriter:
             # Otherwise the stream is in turn already, or being written (it goes back in turn after).
             if len(self._smalls.frames) == 1:
                 self._turns.append(self._smalls)
-        if self._task is None:
+        if self._task is None and not self._direct:
             self._task = asyncio.ensure_future(self._write_in_turns())
         await written
+
+    async def _write_at_once(self, frame: bytes) -> None:
+        """A small frame while nothing else waits (a quiet link, the common case): written by its caller,
+        without a turn; what is queued meanwhile is written in turns after it."""
+        self._direct = True
+        try:
+            await self._send(frame)
+        except LinkClosed as exc:
+            self._closed = self._closed or str(exc)
+            self._fail_all()
+            raise
+        finally:
+            self._direct = False
+            if self._turns and self._task is None and self._closed is None:
+                self._task = asyncio.ensure_future(self._write_in_turns())
 
     async def close(self, reason: str) -> None:
         """Stop writing; every frame not completely written fails with :class:`LinkClosed`."""

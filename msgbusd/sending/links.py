@@ -37,7 +37,8 @@ Every envelope is still signed and checked on its own and answered on its own in
 status and text), and the sender pops its queue only after the ack: a link that breaks loses nothing, its
 frames without an ack are sent again on the next link, and the receiver drops what it already has. An ack
 is waited for from when the frame's last piece was written (a large frame on a slow cable is not cut for
-taking long); both ends ping: a link that stops answering is closed within ``ping_s`` twice over.
+taking long); both ends ping every ``ping_s`` (the opener only when nothing came for that long): the opener
+closes the link when a pong is half that late, the other end when it is twice that late.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.link_parts import PartError, Reassembly, is_part
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, ServerSocket, Socket
 from msgbusd.sending.link_writer import FairWriter
-from msgbusd.sending.way_back import WayBack
+from msgbusd.sending.way_back import WayBack, reached_only_over_its_links
 from msgbusd.store.leases import first_set
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin
@@ -548,11 +549,25 @@ class Links:
             self._uplink_since[peer] = time.time()
             kind = "its uplink" if link_is_uplink else "a link (its way back: it has no address)"
             log.info("twin %s opened %s to this site", peer, kind, extra=about(twin=peer))
+            await self._retire_older_uplinks(link)
             await self._tell_uplink_change(peer, opened=True)
             self.on_uplink(peer)
         else:
             log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
         await self._read(link)
+
+    async def _retire_older_uplinks(self, newest: Link) -> None:
+        """A twin dials its uplink again only once it lost the one before, which may still look open here
+        (a NAT gateway that forgot it, a path gone: nothing tells this end): what it carried goes again on
+        the new one now, instead of after this end's pings find the old one dead."""
+        for older in list(self._links.get(newest.peer, ())):
+            if older is not newest and older.uplink and not older.opened_here and older.is_open:
+                log.info(
+                    "closing the older uplink of twin %s: it opened a new one",
+                    newest.peer,
+                    extra=about(twin=newest.peer),
+                )
+                await older.close("the twin opened a new uplink")
 
     @property
     def keeps_links(self) -> bool:
@@ -680,21 +695,15 @@ class Links:
 
     async def _reached_only_by_its_links(self, twin_id: int) -> bool:
         twin = await self._known_twin(twin_id)
-        return twin is not None and not twin.relay and not twin.address.strip()
+        return twin is not None and reached_only_over_its_links(twin)
 
     def expect_answers(self, twin_id: int, within_s: float) -> None:
         """Requests just went to ``twin_id`` over a link this site opened: when this site is answered only
         over its links, that link is not closed for being idle before ``within_s`` has passed."""
-        until = self._clock() + within_s
-        if until > self._answers_until.get(twin_id, 0.0):
-            self._answers_until[twin_id] = until
         now = self._clock()
+        self._answers_until[twin_id] = max(now + within_s, self._answers_until.get(twin_id, 0.0))
         if len(self._answers_until) > 2 * self.max_links:
             self._answers_until = {t: u for t, u in self._answers_until.items() if u > now}
-
-    async def answered_only_over_links(self) -> bool:
-        """Other sites answer this one only over the links it opens to them."""
-        return await self._way_back.only_over_links()
 
     async def _known_twin(self, twin_id: int) -> Twin | None:
         try:
@@ -1049,7 +1058,7 @@ def _ignore_uplink(twin_id: int) -> None:
 
 def waiting_for_link_text(twin_id: int, twin: Twin | None) -> str:
     """Why nothing goes to ``twin_id`` now: it is reached only over a link it opens, and none is open."""
-    if twin is not None and not twin.relay and not twin.address.strip():
+    if twin is not None and reached_only_over_its_links(twin):
         return (
             f"twin {twin_id} has no address: it is reached over a link it opens to this site, "
             "and none is open"

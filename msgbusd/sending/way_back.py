@@ -9,7 +9,13 @@ answered, and is refused at once with :func:`no_way_back`.
 from __future__ import annotations
 
 from msgbusd.errors import DeliveryError
-from twin_resolver.base import Resolver, ResolverError
+from twin_resolver.base import Resolver, ResolverError, Twin
+
+
+def reached_only_over_its_links(twin: Twin) -> bool:
+    """``twin``'s entry gives neither an address nor a relay: other sites answer it only over links it
+    opened to them."""
+    return not twin.address.strip() and not twin.relay
 
 
 class WayBack:
@@ -26,7 +32,7 @@ class WayBack:
             own = await self._resolver.get_twin(self.twin)
         except ResolverError:
             return False
-        return not own.address.strip() and not own.relay
+        return reached_only_over_its_links(own)
 
 
 def no_way_back(own_twin: int, dst: int, *, links_off: bool) -> DeliveryError:

@@ -27,6 +27,7 @@ import redis
 from testing.local_sites import wait_until
 from testing.netbed import BedSite
 from tests.faults.harness import Report, _record
+from tests.faults.recovery import broken_promises
 from tests.support.services import RawService
 from wire import keys
 from wire.envelope import Envelope, encode_payload
@@ -358,18 +359,11 @@ def audit(
     if logged:
         report.details["daemon_errors"] = len(logged)
         report.details["first_daemon_error"] = logged[0][:200]
-    if report.lost:
-        problems.append(f"{report.lost} requests got no outcome")
-    if report.errors:
-        problems.append(f"{sum(report.errors.values())} requests got an error: {dict(report.errors)}")
-    if report.duplicate_outcomes:
-        problems.append(f"{report.duplicate_outcomes} second outcomes")
-    if report.executed_twice:
-        problems.append(f"{report.executed_twice} requests executed twice")
+    if foreign:
+        report.details["foreign_outcomes"] = foreign
+    problems += broken_promises(report)
     if damaged:
         problems.append(f"{damaged} replies whose payload is not the request's")
-    if foreign:
-        problems.append(f"{foreign} outcomes of no request of the run")
     if limit_after_heal_s is not None and worst_after_heal > limit_after_heal_s:
         problems.append(
             f"a request waited {worst_after_heal:.1f} s after the heal for its answer "

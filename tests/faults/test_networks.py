@@ -269,6 +269,9 @@ def test_4_flushed_nat_mappings_the_uplink_is_dialed_again(world: World) -> None
         )
     if not seen_by_cloud:
         result.problems.append("the cloud never logged the uplink opened again")
+    # The old uplink looks open at the cloud (nothing told it otherwise): the new one replaces it at once.
+    if not log_lines(cloud, containing=f"closing the older uplink of twin {edge.twin}", since=flushed_wall):
+        result.problems.append("the cloud kept the edge's dead uplink after the new one opened")
     if result.problems:
         result.problems += [troubles(cloud, since=began), troubles(edge, since=began)]
     result.check()

@@ -129,6 +129,27 @@ async def test_the_writer_takes_turns_between_large_frames_and_the_small_ones() 
     assert cable.written == ["a", "b", "s1", "a", "b", "s2", "a", "b"]
 
 
+async def test_frames_queued_while_a_small_one_is_written_at_once_follow_it_in_turns() -> None:
+    cable = Cable({b"#1": "a", b"s1": "s1", b"s2": "s2"})
+    writing, held = asyncio.Event(), asyncio.Event()
+
+    async def send(data: bytes) -> None:
+        if data == b"s1":
+            writing.set()
+            await held.wait()
+        await cable.send(data)
+
+    writer = FairWriter(send, parts=True)
+    first = asyncio.ensure_future(writer.write(b"s1"))
+    await writing.wait()
+    later = [
+        asyncio.ensure_future(writer.write(frame)) for frame in [text(3 * PART_BYTES, "a").encode(), b"s2"]
+    ]
+    held.set()
+    await asyncio.gather(first, *later)
+    assert cable.written == ["s1", "a", "s2", "a", "a"]
+
+
 async def test_at_most_partial_frames_large_frames_are_written_at_once() -> None:
     count = PARTIAL_FRAMES + 1
     names = {b"#%d" % n: f"f{n}" for n in range(1, count + 1)}
