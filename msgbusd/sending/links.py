@@ -51,7 +51,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -555,6 +555,29 @@ class Links:
         else:
             log.info("twin %s opened a link to this site", peer, extra=about(twin=peer))
         await self._read(link)
+
+    async def reopen_ways_back(
+        self, awaited_answers: Callable[[float], Awaitable[Mapping[int, float]]], now: float
+    ) -> None:
+        """At start-up, a site answered only over its links opens one to every twin whose answers it still
+        waits for (``awaited_answers(now)``: twin -> the last deadline, unix time): the links of its last
+        run are gone, and the answers wait at those twins' sites for one."""
+        if not await self._way_back.only_over_links():
+            return
+        for twin_id, deadline in sorted((await awaited_answers(now)).items()):
+            if twin_id == self._twin or deadline <= now:
+                continue
+            self.expect_answers(twin_id, deadline - now)
+            try:
+                await self.link_to(twin_id)
+            except DeliveryError as exc:
+                # The sender opens it when it sends there again; the answers wait at that site meanwhile.
+                log.info(
+                    "could not open a link to twin %s for the answers this site waits for: %s",
+                    twin_id,
+                    exc.cause,
+                    extra=about(twin=twin_id),
+                )
 
     async def _retire_older_uplinks(self, newest: Link) -> None:
         """A twin dials its uplink again only once it lost the one before, which may still look open here

@@ -267,6 +267,7 @@ class Daemon:
             group.create_task(release_free_memory_until(stopping), name="free memory")
             if site.links is not None:
                 group.create_task(site.links.close_idle_until(stopping), name="idle links")
+                group.create_task(self._reopen_ways_back(site.links), name="ways back")
                 if site.links.keeps_links:
                     group.create_task(site.links.keep_uplinks(stopping), name="uplinks")
             group.create_task(self._server.serve(sockets=[self._sock]), name="http")
@@ -282,6 +283,12 @@ class Daemon:
                 )
             await self._stopping.wait()
         await self._drain()
+
+    async def _reopen_ways_back(self, links: Links) -> None:
+        try:
+            await links.reopen_ways_back(self.site.store.awaited_answers, self.site.clock())
+        except (RedisError, OSError) as exc:
+            log.warning("could not read which twins this site waits for answers from: %s", exc)
 
     async def _announce_ready(self) -> None:
         while self._server is not None and not self._server.started:

@@ -96,6 +96,26 @@ class SendQueues:
         # Senders of many peers end their sends at about the same time.
         self._sent_together = SharedRoundTrips(redis)
 
+    async def awaited_answers(self, now: float, page: int = 10_000) -> dict[int, float]:
+        """The twins that requests of this site not expired yet are for (sent or not), each with the latest
+        of those requests' deadlines (unix time)."""
+        awaited: dict[int, float] = {}
+        start = 0
+        while True:
+            found = await self.redis.zrangebyscore(
+                keys.DEADLINES, now, "+inf", start=start, num=page, withscores=True
+            )
+            for member in found:
+                uid, deadline = member[0], member[1]
+                # A uid is "<destination>.<n>".
+                head, _, tail = as_text(uid).partition(".")
+                if head.isdigit() and tail:
+                    dst = int(head)
+                    awaited[dst] = max(awaited.get(dst, 0.0), float(deadline))
+            if len(found) < page:
+                return awaited
+            start += page
+
     async def pending_destinations(self) -> list[int]:
         """Destinations whose send queue is not empty (what a previous run left to send)."""
         return sorted(int(as_text(d)) for d in await self.redis.smembers(keys.DESTINATIONS))

@@ -1,10 +1,12 @@
 """A way back to every edge: a site with no address (``"ip": ""``) that keeps its uplink to one site is
 answered by any other msgbus site it calls, over the link it opens to that site, for a lone request as for
 steady traffic; a request to a site that takes no links (go-rmb, ``--no-links``) is refused at once, with
-why, instead of waiting out its lifetime."""
+why, instead of waiting out its lifetime; an edge that restarts opens the links its answers come back
+over."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -76,3 +78,27 @@ def test_an_edge_without_an_address_calling_a_site_that_takes_no_links_gets_why_
     assert f"twin {EDGE} has neither an address nor a relay" in err
     # Refused before it was sent: the service never ran it.
     assert plain.payloads == {}
+
+
+def test_an_edge_without_an_address_that_restarts_opens_the_link_its_answers_wait_for(
+    sites: LocalCluster,
+) -> None:
+    released = threading.Event()
+
+    def slow_echo(data: bytes) -> bytes:
+        released.wait(30)
+        return b"third:" + data
+
+    edge = sites.sites[EDGE - 1]
+    with RawService(sites.redis[THIRD - 1].url, "third.slow", handler=slow_echo) as third:
+        answers = Answers(sites.redis[EDGE - 1].url)
+        answers.push(THIRD, "third.slow", b"across a restart")
+        wait_until(lambda: len(third.requests) == 1, 20, "the request at the third site")
+        # The edge goes down while the third site works on the request: the link its answer would have
+        # come back over is gone with it.
+        edge.kill()
+        edge.start()
+        released.set()
+        answered_within(answers, 20)
+    assert answers.first_replies() == answers.echoed(b"third:")
+    assert sorted(third.payloads.values()) == [1]

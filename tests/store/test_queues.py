@@ -140,6 +140,17 @@ async def test_sent_around_large_messages_on_their_way_leaves_them_where_they_ar
     assert await store.pending_destinations() == []
 
 
+async def test_awaited_answers_name_each_twin_with_its_last_deadline_not_expired(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    await async_redis.zadd(
+        keys.DEADLINES, {"2.1": 100.0, "2.2": 300.0, "3.1": 50.0, "3.2": 250.0, "4.9": 20.0, "odd": 500.0}
+    )
+    # Twin 4's only request expired; read in pages smaller than the set.
+    assert await store.awaited_answers(now=40.0, page=2) == {2: 300.0, 3: 250.0}
+
+
 async def test_sent_pops_a_head_that_still_starts_with_the_first_entry(async_redis: aioredis.Redis) -> None:
     store = Store(async_redis)
     await async_redis.rpush(keys.send_queue(2), "req:a", "req:b", "req:c")
