@@ -13,7 +13,6 @@ What it costs: a smaller message sent after a large one may arrive first.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 from msgbusd.sending.send_items import SendItem
@@ -23,14 +22,17 @@ SLOTS = 2
 
 
 class LargeMessages:
-    """The large messages of one destination that are being sent, or wait for a slot."""
+    """The large messages of one destination that are being sent, or wait for a slot. Every peer has one
+    (thousands at once): it holds two short lists."""
+
+    __slots__ = ("_sending", "_waiting", "slots", "threshold_bytes")
 
     def __init__(self, threshold_bytes: int, slots: int = SLOTS) -> None:
         # 0: no message is set aside.
         self.threshold_bytes = threshold_bytes
         self.slots = slots
-        self._sending: set[str] = set()
-        self._waiting: deque[str] = deque()
+        self._sending: list[str] = []
+        self._waiting: list[str] = []
 
     def is_large(self, item: SendItem) -> bool:
         return 0 < self.threshold_bytes < len(item.envelope.dat)
@@ -57,7 +59,7 @@ class LargeMessages:
                 if item.entry not in self:
                     batch.append(item)
             elif len(self._sending) < self.slots:
-                self._sending.add(item.entry)
+                self._sending.append(item.entry)
                 start.append(item)
             else:
                 self._waiting.append(item.entry)
@@ -66,16 +68,16 @@ class LargeMessages:
     def finished(self, entry: str, *, delivered: bool) -> str | None:
         """``entry``'s send ended; returns the next waiting entry to send now, if any. A send that did not
         get through forgets the waiting ones: they are in the queue, which the sender reads again."""
-        self._sending.discard(entry)
+        self._forget(entry)
         if not delivered:
             self._waiting.clear()
             return None
         if self._waiting and len(self._sending) < self.slots:
-            following = self._waiting.popleft()
-            self._sending.add(following)
+            following = self._waiting.pop(0)
+            self._sending.append(following)
             return following
         return None
 
-    def abandon(self, entry: str) -> None:
-        """``entry`` will not be sent by this lane after all (it is finished, or could not be read)."""
-        self._sending.discard(entry)
+    def _forget(self, entry: str) -> None:
+        if entry in self._sending:
+            self._sending.remove(entry)
