@@ -57,10 +57,13 @@ faults: setup
 
 # The benchmark sweep (two sites on this machine, msgbus against a no-logic floor); see docs/benchmarks.md.
 # PEER_BIN=path/to/a-go-rmb-build adds go-rmb's rows, measured side by side in the same sweep.
+# bench.wan and bench.thin_link run in the network test bed (root; without it they say why and skip).
 bench: setup
 	$(BIN)/python -m bench.suite $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 	$(BIN)/python -m bench.router
 	$(BIN)/python -m bench.waiting
+	$(BIN)/python -m bench.wan $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
+	$(BIN)/python -m bench.thin_link $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 
 demo: setup
 	$(BIN)/msgbus demo
