@@ -34,12 +34,12 @@ format: venv
 	$(BIN)/ruff format $(PACKAGES) tests
 	$(BIN)/ruff check --fix $(PACKAGES) tests
 
-# Each test module runs whole on one of TEST_WORKERS workers: most of the suite's time is spent waiting
-# (for peers that are down, for retries, for processes to start), so more workers than cores pay off.
+# Tests run module by module on TEST_WORKERS workers, the longest first (tests/scheduling.py).
 # The fault scenarios run after the rest, on FAULT_WORKERS: they measure how soon the bus recovers, which
-# the Spark tests' JVMs, sharing the same cores, would measure instead.
+# the Spark tests' JVMs, sharing the same cores, would measure instead. They spend most of their time
+# waiting out the faults they make, so more workers than cores pay off.
 TEST_WORKERS ?= 4
-FAULT_WORKERS ?= 2
+FAULT_WORKERS ?= 4
 
 test: setup lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m "not faults" --durations 10

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-
-import yaml
+from typing import TYPE_CHECKING
 
 from router.rules import DocumentError, RouterObject, parse_document
+
+if TYPE_CHECKING:
+    import yaml
 
 
 def load_text(text: str, source: str) -> list[RouterObject]:
     """The objects of the YAML ``text``; ``source`` names it in errors (a file name, or ``<stdin>``)."""
+    # Imported here: msgbusd loads the router on every start, and reads rules files seldom.
+    import yaml
+
     try:
         documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
@@ -41,6 +46,8 @@ def load_files(paths: Iterable[Path]) -> list[RouterObject]:
 
 
 def _one_line(exc: yaml.YAMLError) -> str:
+    import yaml
+
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"

@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
+from xdist.remote import Producer
 
 from testing.local_sites import RedisProcess
+from tests.scheduling import LongestFirst, longest_first
 
 TESTS = Path(__file__).parent
 # Tests that start msgbusd, mosquitto, a JVM or a redis-server of their own; the rest (the unit tier of
@@ -46,6 +48,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         where = item.path.relative_to(TESTS)
         if where.parts[0] in PROCESS_DIRS or where.as_posix() in PROCESS_MODULES:
             item.add_marker(pytest.mark.processes)
+    longest_first(items, TESTS)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LongestFirst | None:
+    return LongestFirst(config, log) if config.getoption("dist") == "loadscope" else None
 
 
 @pytest.fixture(scope="session")

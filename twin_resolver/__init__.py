@@ -1,5 +1,7 @@
 """Finding twins: their daemon's address and their public key, by id or by account."""
 
+from typing import TYPE_CHECKING, Any
+
 from twin_resolver.address import peer_url
 from twin_resolver.base import (
     AccountNotFound,
@@ -12,8 +14,10 @@ from twin_resolver.base import (
 from twin_resolver.cache import CachedResolver, CacheStats, StaleHook
 from twin_resolver.chain import ChainResolver, Substrate, substrate_connector, twin_from_chain
 from twin_resolver.factory import build_resolver
-from twin_resolver.http_source import HttpResolver, twin_from_json
 from twin_resolver.static import StaticResolver, TwinFileError, load_twin_file, write_twin_file
+
+if TYPE_CHECKING:
+    from twin_resolver.http_source import HttpResolver, twin_from_json
 
 __all__ = [
     "AccountNotFound",
@@ -38,3 +42,14 @@ __all__ = [
     "twin_from_json",
     "write_twin_file",
 ]
+
+# The HTTP source is loaded when first asked for: httpx costs every daemon's start, and few use that source.
+_FROM_HTTP_SOURCE = {"HttpResolver", "twin_from_json"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_HTTP_SOURCE:
+        from twin_resolver import http_source
+
+        return getattr(http_source, name)
+    raise AttributeError(f"module 'twin_resolver' has no attribute {name!r}")

@@ -8,7 +8,6 @@ from urllib.parse import urlsplit
 from twin_resolver.base import Resolver
 from twin_resolver.cache import CachedResolver, StaleHook
 from twin_resolver.chain import ChainResolver
-from twin_resolver.http_source import HttpResolver
 from twin_resolver.static import StaticResolver
 
 
@@ -38,6 +37,9 @@ def build_resolver(
     if scheme in ("ws", "wss"):
         inner = ChainResolver(substrate_url, timeout_s=timeout_s)
     elif scheme in ("http", "https"):
+        # Imported here: httpx (and what it imports) costs every daemon's start, and few use this source.
+        from twin_resolver.http_source import HttpResolver
+
         inner = HttpResolver(substrate_url, timeout_s=timeout_s)
     else:
         raise ValueError(

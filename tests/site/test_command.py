@@ -76,3 +76,14 @@ def test_the_installed_console_script_is_the_command() -> None:
     script = shutil.which("msgbusd", path=str(Path(sys.executable).parent))
     assert script is not None
     assert "msgbusd.command" in Path(script).read_text()
+
+
+def test_the_daemon_starts_without_loading_what_only_some_sites_use() -> None:
+    # Every start pays for what msgbusd imports: an HTTP twin source's client (httpx, with the rich it pulls
+    # in) and the rules files' YAML parser are loaded only when a site uses them.
+    probe = (
+        "import sys, msgbusd.site.cli, msgbusd.site.companions as companions; companions.installed(); "
+        "print(sorted({'httpx', 'yaml', 'rich'} & sys.modules.keys()))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr

@@ -1,0 +1,87 @@
+"""The order in which pytest-xdist's workers take the suite (``make test`` runs it with ``--dist loadscope``).
+
+Each worker takes a whole module at a time. Left to itself, xdist hands out the modules with the most tests
+first, so the few long end-to-end modules start last and the run waits for them at its end; here the longest
+start first and the short ones fill the gaps. The Spark modules that share the session's SparkSession go to
+one worker together, so that one JVM serves them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from xdist.remote import Producer
+from xdist.scheduler import LoadScopeScheduling
+
+SHARED_SPARK_SESSION = "tests/spark"
+# Spark modules that start JVMs of their own: they gain nothing from the shared session's worker.
+OWN_JVMS = {"tests/spark/test_cluster.py", "tests/spark/test_demo_mine.py", "tests/spark/test_session.py"}
+
+# Modules without module-scoped fixtures whose tests are long: each test is a scope of its own, so that
+# the fault phase's workers share them out.
+EACH_TEST_APART = {
+    "tests/faults/test_faults.py",
+    "tests/faults/test_recovery.py",
+    "tests/router/test_faults.py",
+}
+
+# Modules taking 20 s or more on 2 cores, longest first (the suite, then the fault phase).
+LONGEST_FIRST = [
+    SHARED_SPARK_SESSION,
+    "tests/site/test_big_backlog.py",
+    "tests/spark/test_cluster.py",
+    "tests/site/test_two_sites.py",
+    "tests/router/test_e2e.py",
+    "tests/door/test_fuzz_door.py",
+    "tests/site/test_daemon_cli.py",
+    "tests/sending/test_relays.py",
+    "tests/sending/test_links.py",
+    "tests/spark/test_demo_mine.py",
+    "tests/site/test_processes.py",
+    "tests/spark/test_session.py",
+    "tests/sending/test_uplinks.py",
+    "tests/sending/test_many_down.py",
+    "tests/support/test_many_twins.py",
+    "tests/sending/test_way_back.py",
+    "tests/site/test_load_balancer.py",
+    "tests/faults/test_networks.py",
+    "tests/faults/test_recovery.py",
+    "tests/router/test_faults.py",
+    "tests/faults/test_faults.py",
+    "tests/faults/test_failover.py",
+    "tests/faults/test_site_processes.py",
+]
+RANK = {scope: rank for rank, scope in enumerate(LONGEST_FIRST)}
+
+
+def scope_of(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module in EACH_TEST_APART:
+        return nodeid
+    return _grouped(module)
+
+
+def _grouped(module: str) -> str:
+    if module.startswith(SHARED_SPARK_SESSION + "/") and module not in OWN_JVMS:
+        return SHARED_SPARK_SESSION
+    return module
+
+
+def longest_first(items: list[pytest.Item], tests: Path) -> None:
+    """Sorts ``items`` in place: the long scopes in their order, then the rest as collected."""
+    missing = [scope for scope in LONGEST_FIRST if not (tests.parent / scope).exists()]
+    if missing:
+        raise pytest.UsageError(f"tests/scheduling.py names scopes that are not there: {missing}")
+    items.sort(key=lambda item: RANK.get(_grouped(item.nodeid.split("::", 1)[0]), len(RANK)))
+
+
+class LongestFirst(LoadScopeScheduling):
+    """loadscope over the order of the collection (see ``longest_first``), with the shared Spark scope."""
+
+    def __init__(self, config: pytest.Config, log: Producer | None = None) -> None:
+        config.option.loadscopereorder = False
+        super().__init__(config, log)
+
+    def _split_scope(self, nodeid: str) -> str:
+        return scope_of(nodeid)
