@@ -9,14 +9,20 @@ is reached over the uplink it keeps to site 1 (its requests' replies too). ``--r
 and names a third site, run with ``--relay``, as its relay; site 1 reaches it there, its payloads encrypted
 for site 2 (site 2 answers site 1 directly).
 
-    python -m bench.rpc --clients 16 --payload 64 --duration 10 [--floor] [--peer-bin GO_RMB]
+``--rate R`` measures in open loop instead: a request every 1/R s on a fixed schedule, whatever the answers
+do, each timed from its push to its answer (the closed-loop levels only with ``--clients`` too).
+
+    python -m bench.rpc [--clients 16] [--rate 50] --payload 64 --duration 10 [--floor] [--peer-bin GO_RMB]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -24,9 +30,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import redis.asyncio as aioredis
 
@@ -40,6 +47,7 @@ CMD = "bench.echo"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The roles of the processes whose CPU is the daemons' (msgbusd, the floor's relays, go-rmb).
 DAEMON_ROLES = ("msgbusd", "relay", "go-rmb")
+DEFAULT_CLIENTS = "1,16,64"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -56,8 +64,44 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def echo_request(dat: str, fanout: int) -> tuple[str, bytes]:
+    """A request for the echo service at twin 2 (``fanout`` times over): its return queue and its envelope."""
+    ret = str(uuid.uuid4())
+    return ret, Envelope(cmd=CMD, dst=(2,) * fanout, ret=ret, dat=dat, exp=60, now=int(time.time())).encode()
+
+
+async def round_trip(
+    conn: aioredis.Redis, request: bytes, ret: str, fanout: int, deadline: float
+) -> tuple[int, float]:
+    """Push ``request`` to site 1 and pop its answers from ``ret`` until ``deadline``: how many came, and when
+    the last did."""
+    await conn.rpush(keys.LOCAL, request)
+    got, answered = 0, 0.0
+    while got < fanout and (left := deadline - time.perf_counter()) > 0:
+        if await conn.blpop([ret], timeout=min(1.0, max(0.01, left))) is not None:
+            got, answered = got + 1, time.perf_counter()
+    return got, answered
+
+
+class Traffic(Protocol):
+    """What :func:`measure` runs: requests to site 1, their latencies and losses counted within a window."""
+
+    latencies: list[float]
+    lost: int
+
+    async def start(self, redis_url: str, stop: asyncio.Event) -> asyncio.Task[None]:
+        """Start sending; the task ends once ``stop`` is set and the requests sent are over."""
+        ...
+
+    def open_window(self) -> None: ...
+
+    def close_window(self) -> None: ...
+
+
 @dataclass
 class Load:
+    """Closed loop: each caller sends its next request once its last is answered."""
+
     clients: int
     payload: bytes
     fanout: int = 1
@@ -66,21 +110,26 @@ class Load:
     lost: int = 0
     measuring: bool = False
 
+    async def start(self, redis_url: str, stop: asyncio.Event) -> asyncio.Task[None]:
+        async def callers() -> None:
+            await asyncio.gather(*(self.caller(redis_url, stop) for _ in range(self.clients)))
+
+        return asyncio.create_task(callers())
+
+    def open_window(self) -> None:
+        self.measuring = True
+
+    def close_window(self) -> None:
+        self.measuring = False
+
     async def caller(self, redis_url: str, stop: asyncio.Event) -> None:
         conn = aioredis.Redis.from_url(redis_url, socket_timeout=30)
         dat = encode_payload(self.payload)
-        dst = (2,) * self.fanout
         try:
             while not stop.is_set():
-                ret = str(uuid.uuid4())
-                request = Envelope(cmd=CMD, dst=dst, ret=ret, dat=dat, exp=60, now=int(time.time())).encode()
+                ret, request = echo_request(dat, self.fanout)
                 started = time.perf_counter()
-                await conn.rpush(keys.LOCAL, request)
-                got = 0
-                deadline = started + self.timeout_s
-                while got < self.fanout and time.perf_counter() < deadline:
-                    if await conn.blpop([ret], timeout=1) is not None:
-                        got += 1
+                got, _ = await round_trip(conn, request, ret, self.fanout, started + self.timeout_s)
                 if self.measuring:
                     if got < self.fanout:
                         self.lost += self.fanout - got
@@ -88,6 +137,106 @@ class Load:
                         self.latencies.append(time.perf_counter() - started)
         finally:
             await conn.aclose()
+
+
+@dataclass
+class IdleConnections:
+    """Connections to site 1's Redis opened ahead, one per request in flight, so that a request does not wait
+    for one to open. Each is a client of its own with a single connection."""
+
+    redis_url: str
+    socket_timeout_s: float
+    idle: list[aioredis.Redis] = field(default_factory=list)
+    opened: list[aioredis.Redis] = field(default_factory=list)
+
+    async def open(self, count: int) -> None:
+        new = [
+            aioredis.Redis.from_url(
+                self.redis_url, single_connection_client=True, socket_timeout=self.socket_timeout_s
+            )
+            for _ in range(count)
+        ]
+        self.opened.extend(new)
+        await asyncio.gather(*(conn.ping() for conn in new))
+        self.idle.extend(new)
+
+    async def take(self) -> aioredis.Redis:
+        if not self.idle:
+            # More in flight than ever before: this request pays for the connection, and the pool keeps it,
+            # so it grows to the most ever in flight (during the warm-up, unless the system slows down).
+            await self.open(1)
+        return self.idle.pop()
+
+    def give_back(self, conn: aioredis.Redis) -> None:
+        self.idle.append(conn)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(conn.aclose() for conn in self.opened))
+
+
+@dataclass
+class OpenLoad:
+    """Open loop: request i is due at t0 + i/R and sent then, however many are still waiting for answers. Its
+    latency runs from its push to its answer; how late the push was against the schedule (the event loop's
+    timers round to a millisecond) is kept apart, so that a load generator that falls behind shows. Only the
+    requests due within the window count."""
+
+    rate_per_s: float
+    payload: bytes
+    fanout: int = 1
+    timeout_s: float = 10.0
+    latencies: list[float] = field(default_factory=list)
+    lateness: list[float] = field(default_factory=list)
+    lost: int = 0
+    window_opened: float = math.inf
+    window_closed: float = math.inf
+
+    async def start(self, redis_url: str, stop: asyncio.Event) -> asyncio.Task[None]:
+        # Longer than any pop waits, whatever redis-py's default (5 s in redis-py 8).
+        connections = IdleConnections(redis_url, socket_timeout_s=self.timeout_s + 10)
+        # Enough for the answers of 50 ms in flight at once, and a few more.
+        await connections.open(8 + math.ceil(self.rate_per_s * 0.05))
+        return asyncio.create_task(self.schedule(connections, stop))
+
+    def open_window(self) -> None:
+        self.window_opened = time.perf_counter()
+
+    def close_window(self) -> None:
+        self.window_closed = time.perf_counter()
+
+    async def schedule(self, connections: IdleConnections, stop: asyncio.Event) -> None:
+        dat = encode_payload(self.payload)
+        in_flight: set[asyncio.Task[None]] = set()
+        stopped = asyncio.ensure_future(stop.wait())
+        first = time.perf_counter()
+        try:
+            for number in itertools.count():
+                due = first + number / self.rate_per_s
+                await asyncio.wait([stopped], timeout=max(0.0, due - time.perf_counter()))
+                if stopped.done():
+                    break
+                request = asyncio.create_task(self.request(connections, dat, due))
+                in_flight.add(request)
+                request.add_done_callback(in_flight.discard)
+            await asyncio.gather(*in_flight)
+        finally:
+            stopped.cancel()
+            await connections.close()
+
+    async def request(self, connections: IdleConnections, dat: str, due: float) -> None:
+        ret, request = echo_request(dat, self.fanout)
+        conn = await connections.take()
+        sent = time.perf_counter()
+        try:
+            got, answered = await round_trip(conn, request, ret, self.fanout, sent + self.timeout_s)
+        finally:
+            connections.give_back(conn)
+        if self.window_opened <= due < self.window_closed:
+            self.lateness.append(sent - due)
+            if got < self.fanout:
+                self.lost += self.fanout - got
+            else:
+                self.latencies.append(answered - sent)
 
 
 @dataclass
@@ -218,46 +367,53 @@ async def redis_commands(redis_urls: list[str]) -> int:
 
 
 async def measure(
-    redis_urls: list[str], pids: dict[str, int], load: Load, warmup_s: float, duration_s: float
+    redis_urls: list[str], pids: dict[str, int], load: Traffic, warmup_s: float, duration_s: float
 ) -> dict[str, object]:
-    """Run the callers against site 1 and measure a window of ``duration_s`` after ``warmup_s``."""
+    """Run ``load`` against site 1 and measure a window of ``duration_s`` after ``warmup_s``."""
     pids = {**pids, "loadgen": os.getpid()}
     stop = asyncio.Event()
-    callers = [asyncio.create_task(load.caller(redis_urls[0], stop)) for _ in range(load.clients)]
+    running = await load.start(redis_urls[0], stop)
     await asyncio.sleep(warmup_s)
     processes = Processes(pids)
     cpu_before = processes.cpu()
     commands_before = await redis_commands(redis_urls)
-    load.measuring = True
+    load.open_window()
     started = time.perf_counter()
     await asyncio.sleep(duration_s)
-    load.measuring = False
+    load.close_window()
     elapsed = time.perf_counter() - started
     cpu_after = processes.cpu()
     # The callers' and the service's own commands are in it too; the same for every system measured.
     commands = await redis_commands(redis_urls) - commands_before
     rss = {role: round(rss_mib(pid), 1) for role, pid in pids.items()}
     stop.set()
-    await asyncio.gather(*callers)
+    await running
     rpcs = len(load.latencies)
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
     daemons = sum(v for role, v in cpu.items() if role.startswith(DAEMON_ROLES))
-    ordered = sorted(load.latencies)
-
-    def percentile(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2) if ordered else 0.0
-
     return {
         "rpc_per_s": round(rpcs / elapsed, 1),
-        "p50_ms": percentile(0.50),
-        "p99_ms": percentile(0.99),
-        "mean_ms": round(statistics.fmean(ordered) * 1000, 2) if ordered else 0.0,
+        **latency_figures(load.latencies),
         "lost": load.lost,
         "cpu_percent": {role: round(100 * v / elapsed, 1) for role, v in cpu.items()},
         "rss_mib": rss,
         "daemon_cpu_ms_per_rpc": round(1000 * daemons / rpcs, 3) if rpcs else None,
         "total_cpu_ms_per_rpc": round(1000 * sum(cpu.values()) / rpcs, 3) if rpcs else None,
         "redis_commands_per_rpc": round(commands / rpcs, 1) if rpcs else None,
+    }
+
+
+def latency_figures(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+
+    def percentile(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2) if ordered else 0.0
+
+    return {
+        "p50_ms": percentile(0.50),
+        "p90_ms": percentile(0.90),
+        "p99_ms": percentile(0.99),
+        "mean_ms": round(statistics.fmean(ordered) * 1000, 2) if ordered else 0.0,
     }
 
 
@@ -271,10 +427,52 @@ def run_case(
     links: bool = True,
     peer_bin: str | None = None,
 ) -> dict[str, object]:
-    """One row. With ``event_log``, both daemons write their event logs (to a directory removed after);
-    without ``links``, the sites send each other POSTs, as to go-rmb sites; with ``peer_bin``, the sites are
-    two go-rmb daemons of that build (the callers and the service unchanged)."""
+    """One closed-loop row. With ``event_log``, both daemons write their event logs (to a directory removed
+    after); without ``links``, the sites send each other POSTs, as to go-rmb sites; with ``peer_bin``, the
+    sites are two go-rmb daemons of that build (the callers and the service unchanged)."""
     load = Load(clients=clients, payload=b"x" * payload, fanout=fanout)
+    system, row = _run_load(args, load, floor, event_log, links, peer_bin)
+    return {
+        "system": system,
+        "mode": "closed",
+        "clients": clients,
+        "payload_bytes": payload,
+        "fanout": fanout,
+        **row,
+    }
+
+
+def run_open_case(
+    args: argparse.Namespace,
+    rate_per_s: float,
+    payload: int,
+    fanout: int,
+    floor: bool,
+    peer_bin: str | None = None,
+) -> dict[str, object]:
+    """One open-loop row: ``rate_per_s`` requests a second, as :func:`run_case` runs its callers."""
+    load = OpenLoad(rate_per_s=rate_per_s, payload=b"x" * payload, fanout=fanout)
+    system, row = _run_load(args, load, floor, peer_bin=peer_bin)
+    return {
+        "system": system,
+        "mode": "open",
+        "rate_per_s": rate_per_s,
+        "payload_bytes": payload,
+        "fanout": fanout,
+        **row,
+        "sent_late_p99_ms": latency_figures(load.lateness)["p99_ms"],
+    }
+
+
+def _run_load(
+    args: argparse.Namespace,
+    load: Traffic,
+    floor: bool,
+    event_log: bool = False,
+    links: bool = True,
+    peer_bin: str | None = None,
+) -> tuple[str, dict[str, object]]:
+    """The system's name and its measurement."""
     processes = getattr(args, "processes", 1)
     with tempfile.TemporaryDirectory(prefix="msgbus-bench-events-") as events_dir:
         daemon_args = [
@@ -297,13 +495,12 @@ def run_case(
                 system += ", site 2 over its uplink"
             if relay:
                 system += ", site 2 through a relay"
-        row = _run_sites(args, load, sites)
-    return {"system": system, "clients": clients, "payload_bytes": payload, "fanout": fanout, **row}
+        return system, _run_sites(args, load, sites)
 
 
 def _run_sites(
     args: argparse.Namespace,
-    load: Load,
+    load: Traffic,
     sites: AbstractContextManager[tuple[list[str], dict[str, int]]],
 ) -> dict[str, object]:
     with sites as (redis_urls, pids):
@@ -323,7 +520,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--clients", default="1,16,64", help="comma-separated concurrency levels")
+    parser.add_argument(
+        "--clients", help=f"comma-separated concurrency levels (default {DEFAULT_CLIENTS}; none with --rate)"
+    )
+    parser.add_argument("--rate", help="comma-separated rates, requests per second, each measured open loop")
     parser.add_argument("--payload", default="64", help="comma-separated payload sizes in bytes")
     parser.add_argument("--fanout", type=int, default=1, help="destinations per request")
     parser.add_argument("--duration", type=float, default=10.0)
@@ -343,14 +543,22 @@ def main() -> None:
         help="site 2 has no address and is reached through a third site (--relay)",
     )
     args = parser.parse_args()
+    clients_levels = args.clients or ("" if args.rate else DEFAULT_CLIENTS)
     for payload in (int(p) for p in args.payload.split(",")):
-        for clients in (int(c) for c in args.clients.split(",")):
-            print(json.dumps(run_case(args, clients, payload, args.fanout, False)), flush=True)
-            if args.peer_bin:
-                row = run_case(args, clients, payload, args.fanout, False, peer_bin=args.peer_bin)
-                print(json.dumps(row), flush=True)
-            if args.floor:
-                print(json.dumps(run_case(args, clients, payload, args.fanout, True)), flush=True)
+        for clients in (int(c) for c in clients_levels.split(",") if c):
+            print_rows(args, functools.partial(run_case, args, clients, payload, args.fanout))
+        for rate in (float(r) for r in (args.rate or "").split(",") if r):
+            print_rows(args, functools.partial(run_open_case, args, rate, payload, args.fanout))
+
+
+def print_rows(args: argparse.Namespace, case: Callable[..., dict[str, object]]) -> None:
+    """msgbus's row of ``case``, then go-rmb's and the floor's if asked for; ``case`` takes ``floor`` and
+    ``peer_bin``."""
+    print(json.dumps(case(False)), flush=True)
+    if args.peer_bin:
+        print(json.dumps(case(False, peer_bin=args.peer_bin)), flush=True)
+    if args.floor:
+        print(json.dumps(case(True)), flush=True)
 
 
 if __name__ == "__main__":
