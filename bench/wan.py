@@ -5,8 +5,9 @@ For each one-way delay D (``--delays``, milliseconds; 0 is the baseline, the bed
 holds every packet D ms, so a network round trip between the hosts takes 2*D. At each delay, for each
 system: (a) one caller back to back (p50, p90), (b) one caller sending a request every ``--every`` seconds
 (``--paced`` of them; the two systems' requests interleaved half a period apart), (c) one lone request after
-``--idle`` seconds without traffic (both systems idle at once, then one request each), (d) ``--callers``
-callers back to back: RPC/s (:func:`bench.rpc.measure`). The callers and the echo service
+``--idle`` seconds without traffic (both systems idle at once, then one request each), (d) ``--rate``
+requests a second in open loop (``bench.rpc``'s, for ``--duration`` seconds), (e) ``--callers`` callers back
+to back: RPC/s (:func:`bench.rpc.measure`). The callers and the echo service
 (``bench.echo_service``) run in the root namespace on the sites' Redis sockets, as in ``bench.rpc``.
 
 The floor is the network: an RMB round trip crosses it twice (the request, the reply), one network round
@@ -41,7 +42,7 @@ from bench.bed_sites import (
     service,
     two_hosts,
 )
-from bench.rpc import CMD, Load, measure
+from bench.rpc import CMD, Load, OpenLoad, measure
 from testing.netbed import Host, NetBed, require_netbed
 from wire import keys
 from wire.envelope import Envelope, encode_payload
@@ -52,7 +53,7 @@ OURS = "msgbus"
 TARGET_RTTS = 1.2
 REQUEST_TIMEOUT_S = 30.0
 EXP_S = 60
-CASES = ("back to back", "paced", "after idle")
+CASES = ("back to back", "paced", "open loop", "after idle")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Settings:
     min_requests: int = 15
     paced: int = 15
     every_s: float = 2.0
+    # Open loop: requests a second (0: none).
+    rate_per_s: float = 50.0
     # 0: no lone request after an idle time.
     idle_s: float = 60.0
     callers: int = 64
@@ -208,6 +211,14 @@ async def after_idle(pairs: Sequence[Pair], settings: Settings) -> dict[str, Lat
     return found
 
 
+async def open_loop(pair: Pair, services: dict[str, int], settings: Settings) -> Latencies:
+    """``bench.rpc``'s open loop: a request every 1/R s for ``duration_s`` after the warm-up."""
+    load = OpenLoad(settings.rate_per_s, b"x" * settings.payload_bytes, timeout_s=REQUEST_TIMEOUT_S)
+    pids = {**pair.pids, "service": services[pair.system]}
+    await measure(pair.redis_urls, pids, load, settings.warmup_s, settings.duration_s)
+    return Latencies(load.latencies, load.lost)
+
+
 async def at_one_delay(
     pairs: Sequence[Pair], services: dict[str, int], settings: Settings, rows: dict[str, Row]
 ) -> None:
@@ -218,6 +229,10 @@ async def at_one_delay(
     for system, found in (await paced(pairs, settings)).items():
         rows[system].cases["paced"] = found.summary()
         _progress(rows[system], "paced")
+    if settings.rate_per_s > 0:
+        for pair in pairs:
+            rows[pair.system].cases["open loop"] = (await open_loop(pair, services, settings)).summary()
+            _progress(rows[pair.system], "open loop")
     for pair in pairs:
         load = Load(clients=settings.callers, payload=b"x" * settings.payload_bytes)
         pids = {**pair.pids, "service": services[pair.system]}
@@ -312,6 +327,7 @@ def latency_table(rows: Sequence[Row], settings: Settings) -> str:
     names = {
         "back to back": "back to back",
         "paced": f"one every {settings.every_s:g} s",
+        "open loop": f"{settings.rate_per_s:g} a second, open loop",
         "after idle": f"after {settings.idle_s:g} s idle",
     }
     lines = [
@@ -398,6 +414,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--every", type=float, default=defaults.every_s, help="seconds between paced requests"
     )
     parser.add_argument(
+        "--rate", type=float, default=defaults.rate_per_s, help="open loop: requests a second (0: none)"
+    )
+    parser.add_argument(
         "--idle", type=float, default=defaults.idle_s, help="seconds idle before a lone request (0: none)"
     )
     parser.add_argument("--callers", type=int, default=defaults.callers, help="concurrent callers for RPC/s")
@@ -418,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         min_requests=args.min_requests,
         paced=args.paced,
         every_s=args.every,
+        rate_per_s=args.rate,
         idle_s=args.idle,
         callers=args.callers,
         crowd_duration_s=args.crowd_duration,
