@@ -295,10 +295,13 @@ class Audit:
     report: Report
     problems: list[str] = field(default_factory=list)
 
-    def check(self) -> None:
-        """Record and print the figures; fail with every problem at once."""
+    def check(self, sites: Sequence[BedSite] = (), *, since: float = 0.0) -> None:
+        """Record and print the figures; fail with every problem at once, and then with the warnings the
+        daemons of ``sites`` logged since ``since``."""
         _record(self.report)
         print(self.report.line())
+        if self.problems:
+            self.problems += [troubles(site, since=since) for site in sites]
         assert not self.problems, "; ".join(self.problems) + "\n" + self.report.line()
 
 

@@ -33,7 +33,6 @@ from tests.faults.network_runs import (
     log_lines,
     serving,
     spread,
-    troubles,
     wait_answered,
     wait_done,
 )
@@ -148,9 +147,7 @@ def test_1_pulled_cable_for_20s_while_requests_flow(world: World) -> None:
             limit_after_heal_s=AFTER_HEAL_S,
         )
     assert log_lines(caller, containing=f"opened a link to twin {callee.twin}", since=began), "over a link"
-    if result.problems:
-        result.problems += [troubles(caller, since=began), troubles(callee, since=began)]
-    result.check()
+    result.check([caller, callee], since=began)
 
 
 # --- 2. loss -----------------------------------------------------------------------------------------------
@@ -183,9 +180,7 @@ def test_2_five_percent_loss_each_way_while_requests_flow(world: World) -> None:
             healed_at=healed,
             limit_after_heal_s=AFTER_HEAL_S,
         )
-    if result.problems:
-        result.problems += [troubles(cloud, since=began), troubles(lossy, since=began)]
-    result.check()
+    result.check([cloud, lossy], since=began)
 
 
 # --- 3. the NAT gateway frozen -----------------------------------------------------------------------------
@@ -223,9 +218,7 @@ def test_3_frozen_nat_gateway_for_20s_under_traffic_both_ways(world: World) -> N
     )
     broke = log_lines(edge, containing=f"uplink to twin {cloud.twin}: ", since=frozen_at)
     result.report.details["uplink_broke_after_s"] = round(broke[0].at - frozen_at, 2) if broke else "never"
-    if result.problems:
-        result.problems += [troubles(cloud, since=began), troubles(edge, since=began)]
-    result.check()
+    result.check([cloud, edge], since=began)
 
 
 # --- 4. the NAT gateway's mappings flushed -----------------------------------------------------------------
@@ -272,9 +265,7 @@ def test_4_flushed_nat_mappings_the_uplink_is_dialed_again(world: World) -> None
     # The old uplink looks open at the cloud (nothing told it otherwise): the new one replaces it at once.
     if not log_lines(cloud, containing=f"closing the older uplink of twin {edge.twin}", since=flushed_wall):
         result.problems.append("the cloud kept the edge's dead uplink after the new one opened")
-    if result.problems:
-        result.problems += [troubles(cloud, since=began), troubles(edge, since=began)]
-    result.check()
+    result.check([cloud, edge], since=began)
 
 
 # --- 5. a thin cable -------------------------------------------------------------------------------------
@@ -335,9 +326,7 @@ def test_5_thin_cable_small_requests_do_not_wait_behind_a_big_one(world: World) 
             f"small requests waited behind the big one: p99 {figures['p99_s']} s "
             f"(limit {SMALL_P99_LIMIT_S} s)"
         )
-    if result.problems:
-        result.problems += [troubles(a, since=began), troubles(b, since=began)]
-    result.check()
+    result.check([a, b], since=began)
 
 
 # --- 6. the edge calls a site other than its uplink --------------------------------------------------------
@@ -368,9 +357,7 @@ def test_6_edge_without_address_calls_a_third_site(world: World) -> None:
     result.report.details["lone_request_s"] = round(lone_s, 2)
     if lone_s > LONE_LIMIT_S:
         result.problems.append(f"the lone request took {lone_s:.1f} s (limit {LONE_LIMIT_S:g} s)")
-    if result.problems:
-        result.problems += [troubles(edge, since=began), troubles(third, since=began)]
-    result.check()
+    result.check([edge, third], since=began)
 
 
 # --- 7. the edge calls a site that takes no links ----------------------------------------------------------
