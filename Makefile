@@ -42,10 +42,9 @@ format: venv
 
 # Tests run module by module on TEST_WORKERS workers, the longest first (tests/scheduling.py).
 # The fault scenarios run after the rest, on FAULT_WORKERS: they measure how soon the bus recovers, which
-# the Spark tests' JVMs, sharing the same cores, would measure instead. They spend most of their time
-# waiting out the faults they make, so more workers than cores pay off.
+# the Spark tests' JVMs, sharing the same cores, would measure instead.
 TEST_WORKERS ?= 4
-FAULT_WORKERS ?= 4
+FAULT_WORKERS ?= 2
 
 test: setup lint compile
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m "not faults" --durations 10
