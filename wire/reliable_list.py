@@ -52,10 +52,21 @@ class ReliableList:
     """The list ``queue`` consumed oldest first from its ``oldest`` end (the end producers do not push to),
     with the processing list ``processing``."""
 
-    def __init__(self, redis: aioredis.Redis, queue: str, processing: str, *, oldest: End) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        queue: str,
+        processing: str,
+        *,
+        oldest: End,
+        take_back_guard: asyncio.Lock | None = None,
+    ) -> None:
         self.redis = redis
         self.queue = queue
         self.processing = processing
+        # Held by whoever else puts items in the processing list and acknowledges them itself: they are not
+        # taken back from under it.
+        self._take_back_guard = take_back_guard
         self._oldest = oldest
         self._newest = _OTHER_END[oldest]
         self._move_many = redis.register_script(_MOVE_MANY)
@@ -97,6 +108,12 @@ class ReliableList:
     async def take_back(self) -> int:
         """Move everything in the processing list back to the head of the queue, keeping its order; returns
         how many items. Only while no one consumes with this processing list."""
+        if self._take_back_guard is None:
+            return await self._take_back_all()
+        async with self._take_back_guard:
+            return await self._take_back_all()
+
+    async def _take_back_all(self) -> int:
         moved = await self._move_all(keys=[self.processing, self.queue], args=[self._newest, self._oldest])
         return int(moved)
 

@@ -7,6 +7,7 @@ from where the next start of the daemon takes it again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -59,6 +60,11 @@ class Handlers:
         self._clock = clock
         # uid -> (the caller's return queue, the request's lifetime in seconds)
         self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # Held while requests made inside the daemon wait in the local processing list to be accepted: the
+        # local queue's taker takes that list back only outside it (on taking the queue again, e.g. after
+        # this instance was taken for dead), or it would accept them itself and :meth:`submit` would get no
+        # uid for them.
+        self.staging = asyncio.Lock()
 
     async def _dead_letter(self, queue: str, raw: bytes, reason: str) -> None:
         await self._store.dead_letter(queue, raw, reason)
@@ -92,8 +98,9 @@ class Handlers:
         """Accept requests made inside the daemon (the rules router) as if a local client had pushed
         them; returns each one's uids (one per destination), or None for one refused as invalid."""
         raws = [request.encode() for request in requests]
-        await self._store.stage_local(raws)
-        accepted = await self._accept_local(raws, staged=True)
+        async with self.staging:
+            await self._store.stage_local(raws)
+            accepted = await self._accept_local(raws, staged=True)
         return [accepted.get(index) for index in range(len(raws))]
 
     async def _accept_local(self, raws: list[bytes], *, staged: bool = False) -> dict[int, list[str]]:

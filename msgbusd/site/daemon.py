@@ -320,7 +320,9 @@ class Daemon:
                 log.warning("took back %d unfinished item(s) of %s left by an older release", moved, queue)
 
     def _system_list(self, queue: str) -> ReliableList:
-        return ReliableList(self.site.redis, queue, self.site.store.processing(queue), oldest="LEFT")
+        guard = self.site.handlers.staging if queue == keys.LOCAL else None
+        processing = self.site.store.processing(queue)
+        return ReliableList(self.site.redis, queue, processing, oldest="LEFT", take_back_guard=guard)
 
     def _while_held(
         self, loop: str, work: Callable[[asyncio.Event], Awaitable[None]]

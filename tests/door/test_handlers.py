@@ -3,14 +3,16 @@ just queued (their new senders then send from memory at once, without reading th
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
+from typing import Literal
 
 import redis.asyncio as aioredis
 
 from msgbusd.door.handlers import Handlers
 from msgbusd.sending.send_items import SendItem, SendItems
-from msgbusd.store.queues import Store
+from msgbusd.store.queues import AcceptedRequest, Queued, Store
 from wire import keys
 from wire.envelope import Envelope, encode_payload
 from wire.reliable_list import ReliableList
@@ -56,3 +58,54 @@ async def test_a_queue_that_is_not_empty_is_never_known_whole(async_redis: aiore
     # The first request to twin 2 was not sent yet: the second is not alone in its queue.
     _, alone = await accept(async_redis, local_request(2))
     assert alone == set()
+
+
+class WatchedLock(asyncio.Lock):
+    """A lock that tells when someone waits for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited_for = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        if self.locked():
+            self.waited_for.set()
+        return await super().acquire()
+
+
+async def test_the_local_queue_is_not_taken_back_from_under_a_request_made_inside(
+    async_redis: aioredis.Redis,
+) -> None:
+    # The local queue's taker starts again (as when this instance was taken for dead) while a request made
+    # inside the daemon (the rules router's) waits in the processing list to be accepted.
+    store = Store(async_redis)
+    handlers = Handlers(store, SendItems(store, 1), 1, lambda ready, alone: None)
+    handlers.staging = guard = WatchedLock()
+    taker = ReliableList(
+        async_redis, keys.LOCAL, store.processing(keys.LOCAL), oldest="LEFT", take_back_guard=guard
+    )
+    staged, accept_now = asyncio.Event(), asyncio.Event()
+    accept_requests = store.accept_requests
+
+    async def accept_once_told(requests: list[AcceptedRequest]) -> list[Queued | None]:
+        if all(request.staged for request in requests):
+            staged.set()
+            await accept_now.wait()
+        return await accept_requests(requests)
+
+    store.accept_requests = accept_once_told  # type: ignore[method-assign]
+
+    async def take_again() -> None:
+        await taker.take_back()
+        await handlers.local(await taker.take_now(10))
+
+    submitting = asyncio.create_task(handlers.submit([Envelope.decode(local_request(2))]))
+    await staged.wait()
+    taking = asyncio.create_task(take_again())
+    # The taker either waits for the guard or (without it) takes the request and accepts it itself.
+    await asyncio.wait([taking, asyncio.create_task(guard.waited_for.wait())], return_when="FIRST_COMPLETED")
+    accept_now.set()
+    assert await submitting == [["2.1"]]
+    await taking
+    assert await async_redis.lrange(keys.send_queue(2), 0, -1) == [b"req:2.1"]
+    assert await async_redis.llen(keys.LOCAL) == 0
