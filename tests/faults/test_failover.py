@@ -10,8 +10,11 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
+from redis import Redis
+from redis.client import Pipeline
 from redis.exceptions import RedisError
 
 from testing.local_sentinel import SentinelGroup
@@ -65,6 +68,7 @@ class Caller:
     def push(self, first: int, end: int) -> None:
         conn = sync_client(self.url, socket_timeout=2)
         push_once = conn.register_script(PUSH_ONCE)
+        replica = ReplicaWait()
         for start in range(first, end, BATCH):
             envelopes = [
                 Envelope(
@@ -80,11 +84,12 @@ class Caller:
             ]
             while True:
                 try:
-                    push_once(keys=[f"{self.ret}.pushed.{start}", keys.LOCAL], args=envelopes)
-                    # Pushed for good once the replica has it, or if the master has no replica (just after
-                    # the failover: there is nothing it could fail over to).
-                    replicated = int(conn.execute_command("WAIT", 1, 1000)) >= 1
-                    if replicated or not conn.execute_command("ROLE")[2]:
+                    with conn.pipeline(transaction=False) as pipe:
+                        marker = f"{self.ret}.pushed.{start}"
+                        push_once(keys=[marker, keys.LOCAL], args=envelopes, client=pipe)
+                        replica.queue(pipe)
+                        answers = pipe.execute()
+                    if replica.done(answers):
                         self.pushed_at.update(dict.fromkeys(range(start, start + BATCH), time.monotonic()))
                         break
                 except RedisError:
@@ -94,20 +99,86 @@ class Caller:
         conn.close()
 
     def collect(self) -> None:
+        """Take the answers as a caller that loses none across a failover does: each is moved (BLMOVE) into a
+        list of taken answers, counted once the replica has the move, and removed from there. A plain BLPOP
+        that the master runs in the instant before it dies takes its answer with it (docs/reliability.md)."""
         conn = sync_client(self.url, socket_timeout=3)
+        taken = f"{self.ret}.taken"
+        # Answers counted whose removal from the taken list the replica may not have: found there again
+        # after a failover, they are removed without being counted again.
+        counted: set[bytes] = set()
+        replica = ReplicaWait()
+        look_in_taken = True
         while self.collecting.is_set():
             try:
-                found = conn.blpop([self.ret], timeout=1)
+                if look_in_taken:
+                    for raw in cast(list[bytes], conn.lrange(taken, 0, -1)):
+                        if raw not in counted:
+                            self._count(raw)
+                        self._remove(conn, replica, taken, raw, counted)
+                    look_in_taken = False
+                moved, replicated = self._move(conn, replica, taken)
+                if moved is not None and replicated:
+                    self._count(moved)
+                    self._remove(conn, replica, taken, moved, counted)
+                elif moved is not None:
+                    # Counted from the taken list of the master that has the move, or moved again.
+                    look_in_taken = True
             except RedisError:
+                look_in_taken = True
                 time.sleep(0.1)
-                continue
-            if found is not None:
-                reply = Envelope.decode(found[1])
-                self.answers[int(reply.payload)] += 1
-                self.answered_at.setdefault(int(reply.payload), time.monotonic())
-                if reply.err:
-                    self.errors[reply.err[:60]] += 1
         conn.close()
+
+    def _move(self, conn: Redis, replica: ReplicaWait, taken: str) -> tuple[bytes | None, bool]:
+        """The oldest answer moved into ``taken`` (None after a second without one), and whether the replica
+        has the move."""
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.blmove(self.ret, taken, 1, "RIGHT", "LEFT")
+            replica.queue(pipe)
+            answers = pipe.execute()
+        return answers[0], replica.done(answers)
+
+    @staticmethod
+    def _remove(conn: Redis, replica: ReplicaWait, taken: str, raw: bytes, counted: set[bytes]) -> None:
+        counted.add(raw)
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.lrem(taken, 1, cast(Any, raw))
+            replica.queue(pipe)
+            answers = pipe.execute()
+        if replica.done(answers):
+            counted.discard(raw)
+
+    def _count(self, raw: bytes) -> None:
+        reply = Envelope.decode(raw)
+        self.answers[int(reply.payload)] += 1
+        self.answered_at.setdefault(int(reply.payload), time.monotonic())
+        if reply.err:
+            self.errors[reply.err[:60]] += 1
+
+
+class ReplicaWait:
+    """Whether writes are on the replica, read in the round trip that makes them: they count as done once the
+    replica has them, or if the master has no replica (just after the failover: there is nothing it could
+    fail over to). As the daemon's --redis-wait-replicas does, WAIT only while the master lists a replica (on
+    a master without one, WAIT waits out its timeout); a replica listed since, not waited for, fails the
+    writes, which are made again."""
+
+    def __init__(self) -> None:
+        self.replica_online = True
+
+    def queue(self, pipe: Pipeline) -> None:
+        """Queue the wait (if any) and the reading of the role after the writes queued on ``pipe``."""
+        if self.replica_online:
+            pipe.wait(1, 1000)
+        pipe.role()
+
+    def done(self, answers: list[Any]) -> bool:
+        """From the answers :meth:`queue` queued (the end of the pipeline's), whether the writes are done."""
+        waited = self.replica_online
+        self.replica_online = bool(answers[-1][2])
+        if waited:
+            return int(answers[-2]) >= 1 or not self.replica_online
+        return not self.replica_online
 
 
 def test_the_master_killed_while_requests_flow(sentinel_site: tuple[LocalCluster, SentinelGroup]) -> None:
@@ -134,7 +205,7 @@ def test_the_master_killed_while_requests_flow(sentinel_site: tuple[LocalCluster
         try:
             wait_until(lambda: len(caller.answers) == REQUESTS, 180, f"{REQUESTS} answers")
         except TimeoutError as exc:
-            raise AssertionError(unanswered(caller, group, killed_at, failed_over_at)) from exc
+            raise AssertionError(unanswered(caller, group, service, killed_at, failed_over_at)) from exc
         time.sleep(1.0)  # a second answer would come soon after the first
     finally:
         caller.collecting.clear()
@@ -155,14 +226,46 @@ def test_the_master_killed_while_requests_flow(sentinel_site: tuple[LocalCluster
     assert answering_again_s <= ANSWERING_AGAIN_WITHIN_S
 
 
-def unanswered(caller: Caller, group: SentinelGroup, killed_at: float, failed_over_at: float) -> str:
+def unanswered(
+    caller: Caller, group: SentinelGroup, service: RawService, killed_at: float, failed_over_at: float
+) -> str:
     """What went wrong when some requests were never answered: which (and when they were pushed, against the
-    kill and the failover), the failovers the sentinels made, and the errors answered."""
+    kill and the failover), whether the service ran them and where the master holds them now, the failovers
+    the sentinels made, and the errors answered."""
     missing = sorted(set(range(REQUESTS)) - caller.answers.keys())
     pushed = [round(caller.pushed_at[index] - killed_at, 1) for index in missing if index in caller.pushed_at]
+    ran = [index for index in missing if service.payloads[str(index).encode()]]
     return (
         f"{len(missing)} of {REQUESTS} requests unanswered: {missing[:10]}...{missing[-10:]}, pushed "
         f"{min(pushed, default=None)}..{max(pushed, default=None)} s after the kill (failover at "
-        f"{failed_over_at - killed_at:.1f} s); sentinels' switches: {group.master_switches()}; "
+        f"{failed_over_at - killed_at:.1f} s); the service ran {ran[:20]}; where the master holds them: "
+        f"{held_where(group.url, set(missing[:20]))}; sentinels' switches: {group.master_switches()}; "
         f"errors: {dict(caller.errors)}"
     )
+
+
+def held_where(url: str, wanted: set[int]) -> str:
+    """Which lists and hashes of the master hold a request or an answer with one of the ``wanted``
+    payloads."""
+    found: dict[str, list[int]] = {}
+    try:
+        conn = sync_client(url, socket_timeout=5)
+        for key in cast(list[bytes], conn.keys("*")):
+            kind = conn.type(key)
+            if kind == b"list":
+                items = cast(list[bytes], conn.lrange(key, 0, -1))
+            elif kind == b"hash":
+                items = cast(list[bytes], conn.hvals(key))
+            else:
+                continue
+            for item in items:
+                try:
+                    payload = int(Envelope.decode(item).payload)
+                except ValueError:  # not an envelope, or not one of the test's payloads
+                    continue
+                if payload in wanted:
+                    found.setdefault(key.decode(), []).append(payload)
+        conn.close()
+    except RedisError as exc:
+        return f"(the master did not answer: {exc})"
+    return str(found)
