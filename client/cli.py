@@ -223,6 +223,9 @@ def demo(
             help="Have both sites write their event logs to DIR (and send more traffic), for msgbus mine.",
         ),
     ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the sites up and serving after the demo, until Ctrl-C.")
+    ] = False,
 ) -> None:
     """Start two local sites, serve an echo command and show requests, errors and the proxy flow."""
     try:
@@ -230,7 +233,7 @@ def demo(
     except ImportError as exc:
         fail(f"the demo needs the daemon: pip install 'msgbus[daemon]' ({exc})", EXIT_MISSING_DEP)
     try:
-        run_demo(typer.echo, event_log)
+        run_demo(typer.echo, event_log, keep=keep)
     except KeyboardInterrupt:
         typer.echo("interrupted; everything the demo started has been stopped", err=True)
         raise typer.Exit(130) from None

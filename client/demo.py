@@ -31,7 +31,9 @@ PROXY_CLIENT_TWIN = 50
 TRAFFIC_REQUESTS = 300
 
 
-def run_demo(say: Callable[[str], None] = print, event_log: Path | None = None) -> None:
+def run_demo(
+    say: Callable[[str], None] = print, event_log: Path | None = None, *, keep: bool = False
+) -> None:
     """Run the whole demo, printing what happens with ``say``; with ``event_log``, sites log their events
     there."""
     import httpx
@@ -97,13 +99,28 @@ def run_demo(say: Callable[[str], None] = print, event_log: Path | None = None) 
                 say(f"   /zbus-result: {json.dumps({k: item[k] for k in ('uid', 'src', 'dat', 'err')})}")
             if event_log is not None:
                 _traffic(say, client)
-        say("\nDone. Everything above went through real Redis lists and signed HTTP between the two daemons.")
+            say(
+                "\nDone. Everything above went through real Redis lists and signed HTTP between the two "
+                "daemons."
+            )
+            if keep:
+                _keep_up(say, cluster.redis[0].url)
     finally:
         say("cleaning up: stopping the sites and their redis-servers")
         cluster.cleanup()
     if event_log is not None:
         say(f"\nEvent logs of both sites: {event_log}. Turn them into a report with:")
         say(f"   msgbus mine --events '{event_log}/*.jsonl' --out msgbus-report")
+
+
+def _keep_up(say: Callable[[str], None], redis_url: str) -> None:
+    """Serve on until Ctrl-C (KeyboardInterrupt), for calls from another terminal."""
+    say(
+        "\nThe sites stay up until Ctrl-C. From another terminal, through site 1:\n"
+        f"   msgbus send --redis {redis_url} --dst 2 --cmd {ECHO} --data hello"
+    )
+    while True:
+        time.sleep(3600)
 
 
 def _traffic(say: Callable[[str], None], client: Client) -> None:
