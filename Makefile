@@ -27,9 +27,11 @@ tools: venv
 
 # The project's modules compiled once: where Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE),
 # each of the hundreds of processes the tests start would compile every one it imports (a third of a
-# daemon's start). Only what changed since is compiled again.
+# daemon's start). Only what changed since is compiled again. The test modules too, as pytest rewrites
+# their asserts (half of each test worker's collection), by a collection that may write its cache.
 compile: venv
-	@$(BIN)/python -m compileall -q $(PACKAGES)
+	@$(BIN)/python -m compileall -q $(PACKAGES) tests
+	@PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --collect-only -q -p no:cacheprovider > /dev/null
 
 lint: venv
 	$(BIN)/ruff check $(PACKAGES) tests
@@ -44,11 +46,16 @@ format: venv
 # The fault scenarios run after the rest, on FAULT_WORKERS: they measure how soon the bus recovers, which
 # the Spark tests' JVMs, sharing the same cores, would measure instead.
 TEST_WORKERS ?= 4
-FAULT_WORKERS ?= 2
+FAULT_WORKERS ?= 4
+# Where the fault scenarios (marked `faults`) are: the fault phase collects only these
+# (tests/test_fault_phase.py checks that no scenario is elsewhere).
+FAULT_TESTS := tests/faults tests/netbed tests/router/test_faults.py
 
-test: setup lint compile
+# Lint and compile side by side: each keeps one core busy.
+test: setup
+	@$(MAKE) --no-print-directory -j2 lint compile
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m "not faults" --durations 10
-	$(BIN)/pytest -n $(FAULT_WORKERS) --dist loadscope -m faults --durations 5
+	$(BIN)/pytest -n $(FAULT_WORKERS) --dist loadscope -m faults --durations 5 $(FAULT_TESTS)
 
 # The unit tier: nothing but the shared redis-server is started (under 30 s).
 test-fast: setup compile
@@ -57,7 +64,7 @@ test-fast: setup compile
 # The fault scenarios alone, with their figures as a table (for docs/reliability.md).
 faults: setup compile
 	rm -f .fault-report.jsonl
-	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest -m faults -p no:cacheprovider
+	MSGBUS_FAULT_REPORT=.fault-report.jsonl $(BIN)/pytest -m faults -p no:cacheprovider $(FAULT_TESTS)
 	$(BIN)/python -m tests.faults.report .fault-report.jsonl
 
 # The benchmark sweep (two sites on this machine, msgbus against a no-logic floor); see docs/benchmarks.md.

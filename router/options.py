@@ -4,7 +4,7 @@ serves the REST paths, an edge site follows a cloud site's rules; without either
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -12,7 +12,9 @@ from msgbusd.site.cli import parse_listen, parse_mqtt_url
 from msgbusd.site.serving import bind_socket
 from msgbusd.site.settings import Settings
 from router.config import DEFAULT_ROUTER_LISTEN, RouterSettings
-from router.runtime import RouterRuntime
+
+if TYPE_CHECKING:
+    from router.runtime import RouterRuntime
 
 
 def options(
@@ -75,6 +77,9 @@ def make(values: Mapping[str, Any], settings: Settings) -> RouterRuntime | None:
     )
     if router.listen is None and router.cloud is None:
         return None
+    # Loaded only by a site that routes: most do not, and the router's modules cost a fifth of a start.
+    from router.runtime import RouterRuntime
+
     cloud_socket = bind_socket(*router.listen) if router.listen is not None else None
     try:
         servicebus_socket = bind_socket(*router.servicebus_listen) if router.cloud is not None else None

@@ -7,7 +7,6 @@ from urllib.parse import urlsplit
 
 from twin_resolver.base import Resolver
 from twin_resolver.cache import CachedResolver, StaleHook
-from twin_resolver.chain import ChainResolver
 from twin_resolver.static import StaticResolver
 
 
@@ -34,10 +33,13 @@ def build_resolver(
         raise ValueError("no twin source: give a twin file (--twins FILE) or a chain URL (--substrate URL)")
     scheme = urlsplit(substrate_url).scheme.lower()
     inner: Resolver
+    # The chain's and the HTTP source's modules are imported here: their clients (websocket-client, httpx
+    # and what it imports) cost every daemon's start, and most sites read a twin file.
     if scheme in ("ws", "wss"):
+        from twin_resolver.chain import ChainResolver
+
         inner = ChainResolver(substrate_url, timeout_s=timeout_s)
     elif scheme in ("http", "https"):
-        # Imported here: httpx (and what it imports) costs every daemon's start, and few use this source.
         from twin_resolver.http_source import HttpResolver
 
         inner = HttpResolver(substrate_url, timeout_s=timeout_s)

@@ -20,7 +20,7 @@ from tests.faults.harness import RECEIVERS, TRIES, FaultRun, Report, serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(400)]
 
-REQUESTS = 5000
+REQUESTS = 2500
 EXPECTED = REQUESTS * len(RECEIVERS)
 OUTAGE_S = 20.0
 
@@ -85,8 +85,8 @@ def test_2_receiver_daemon_killed_repeatedly(plain_run: FaultRun) -> None:
     assert_promise_kept(report, all_ok=True)
 
 
-# Requests keep coming for 10 s (100 every 0.2 s), so that many are pushed while twin 2 is cut off.
-SLOW_PUSH_S = 0.2
+# Requests keep coming for 10 s (100 every 0.4 s), so that many are pushed while twin 2 is cut off.
+SLOW_PUSH_S = 0.4
 
 
 def cut_twin_2(run: FaultRun) -> None:
@@ -134,7 +134,7 @@ def test_4_answers_lost_after_the_request_arrived(plain_run: FaultRun) -> None:
     with serving(plain_run) as executions:
         report = plain_run.run("4. 15 % of HTTP answers dropped", REQUESTS, executions, lose_answers)
     # Between msgbus sites one answer covers a batch of up to 64 messages: each drop re-sends them all.
-    assert sum(proxy.dropped_answers for proxy in plain_run.proxies.values()) >= 5
+    assert sum(proxy.dropped_answers for proxy in plain_run.proxies.values()) >= 3
     assert_promise_kept(report, all_ok=True)
 
 

@@ -79,11 +79,13 @@ def test_the_installed_console_script_is_the_command() -> None:
 
 
 def test_the_daemon_starts_without_loading_what_only_some_sites_use() -> None:
-    # Every start pays for what msgbusd imports: an HTTP twin source's client (httpx, with the rich it pulls
-    # in) and the rules files' YAML parser are loaded only when a site uses them.
+    # Every start pays for what msgbusd imports: the twin sources' clients (httpx, with the rich it pulls in,
+    # and the chain's websocket-client), the rules router and its rules files' YAML parser are loaded only
+    # when a site uses them.
     probe = (
-        "import sys, msgbusd.site.cli, msgbusd.site.companions as companions; companions.installed(); "
-        "print(sorted({'httpx', 'yaml', 'rich'} & sys.modules.keys()))"
+        "import sys, msgbusd.site.cli, msgbusd.site.daemon, msgbusd.site.companions as companions; "
+        "companions.installed(); "
+        "print(sorted({'httpx', 'yaml', 'rich', 'websocket', 'router.runtime'} & sys.modules.keys()))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr

@@ -3,6 +3,7 @@ writes the same tables and summary as a local[*] run on the same input."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ from pyspark.testing import assertDataFrameEqual
 
 from spark import generate
 from spark.jit import C1_ONLY
+from spark.job import MineOptions, run
+from spark.progress import Progress
 from testing.local_sites import wait_until
 from testing.spark_cluster import StandaloneCluster
 from tests.spark.test_mine import TABLES
@@ -20,17 +23,18 @@ from tests.spark.test_mine import TABLES
 REPO = Path(__file__).resolve().parents[2]
 
 
-def mine(logs: Path, out: Path, master: str, env: dict[str, str] | None = None, *more: str) -> str:
-    """``python -m spark.mine`` on ``logs`` (``more``: further options); returns what it printed."""
+def mine(logs: Path, out: Path, master: str, env: dict[str, str]) -> str:
+    """``python -m spark.mine`` on ``logs``; returns what it printed."""
     command = [sys.executable, "-m", "spark.mine", "--events", str(logs / "events")]
     command += ["--backlog", str(logs / "backlog"), "--out", str(out), "--master", master]
-    command += ["--driver-memory", "1g", *more]
+    command += ["--driver-memory", "1g"]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
     return done.stderr
 
 
-# Two jobs and a cluster of three JVMs: on a loaded 2-core machine this takes over two minutes.
+# Two jobs, one in this process's session, one on a cluster of four JVMs (a master, a worker, the driver,
+# its executor): on a loaded 2-core machine this takes about two minutes.
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSession, tmp_path: Path) -> None:
@@ -39,8 +43,14 @@ def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSessi
     assert (
         generate.main([*argv, "--backlog-entries", "200", "--malformed-rate", "0.005", "--workers", "1"]) == 0
     )
+    # The local run in this process's session: a job in a JVM of its own would cost another JVM's start.
     local = tmp_path / "local"
-    assert "plan: 3 shuffle partitions" in mine(logs, local, "local[*]", None, "--shuffle-partitions", "3")
+    terminal = io.StringIO()
+    options = MineOptions(
+        events=[str(logs / "events")], backlog=[str(logs / "backlog")], out=str(local), shuffle_partitions=3
+    )
+    run(spark, options, Progress(terminal))
+    assert "plan: 3 shuffle partitions" in terminal.getvalue()
 
     clustered = tmp_path / "cluster"
     # One core more than this machine has: the job must see the worker's cores, not Spark's 2 of before an

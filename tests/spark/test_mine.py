@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark import generate
+from spark.jit import C1_ONLY
 from spark.job import MineOptions, run
 from spark.mine import instant_us, main
 from spark.progress import Progress
@@ -125,8 +126,16 @@ def test_spark_submit_runs_the_job(logs: Path, tmp_path: Path) -> None:
     ]
     # spark-submit passes the driver's stderr on through its stdout.
     env = os.environ | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    # A small input: C1 alone, as docs/mining.md tells spark-submit's users (the job leaves spark-submit's
+    # driver options alone).
+    c1_driver = ["--conf", f"spark.driver.defaultJavaOptions={C1_ONLY}"]
     done = subprocess.run(
-        [spark_submit, "spark/mine.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=240
+        [spark_submit, *c1_driver, "spark/mine.py", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     terminal = done.stdout + done.stderr
     assert done.returncode == 0, terminal
