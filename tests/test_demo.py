@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -52,12 +53,14 @@ def signal_state(pid: int) -> str:
 
 def test_ctrl_c_stops_everything_the_demo_started() -> None:
     # With --keep, the sites serve on after the demo: Ctrl-C comes while they do, however slow the machine.
+    # A session of its own: should Ctrl-C fail, the demo and the sites it started are killed together.
     process = subprocess.Popen(
         [*DEMO, "--keep"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=as_from_a_terminal,
+        start_new_session=True,
     )
     assert process.stdout is not None
     seen = ""
@@ -70,7 +73,7 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
         rest, err = process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         state = signal_state(process.pid)
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         rest, err = process.communicate()
         raise AssertionError(f"the demo went on after Ctrl-C ({state}): {seen}{rest}{err}") from None
     assert process.returncode == 130, seen + rest + err
