@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio.client import Pipeline
+from redis.client import Pipeline as SyncPipeline
 from redis.exceptions import RedisError
 
 from wire import keys
@@ -33,7 +34,7 @@ class Replication:
         # Until the master says otherwise, it is taken to have the replicas asked for.
         self._online = replicas
 
-    def queue_on(self, pipe: Pipeline) -> int:
+    def queue_on(self, pipe: Pipeline | SyncPipeline) -> int:
         """Queue the wait after the writes queued on ``pipe``, and the reading of the role; returns how many
         replicas are waited for."""
         if not self.replicas:

@@ -14,9 +14,9 @@ from typing import Any, cast
 
 import pytest
 from redis import Redis
-from redis.client import Pipeline
 from redis.exceptions import RedisError
 
+from msgbusd.store.replication import Replication, ReplicationError
 from testing.local_sentinel import SentinelGroup
 from testing.local_sites import LocalCluster, wait_until
 from tests.faults.harness import DAEMON_ARGS, PUSH_ONCE
@@ -68,7 +68,7 @@ class Caller:
     def push(self, first: int, end: int) -> None:
         conn = sync_client(self.url, socket_timeout=2)
         push_once = conn.register_script(PUSH_ONCE)
-        replica = ReplicaWait()
+        replica = Replication(1, wait_ms=1000)
         for start in range(first, end, BATCH):
             envelopes = [
                 Envelope(
@@ -87,9 +87,9 @@ class Caller:
                     with conn.pipeline(transaction=False) as pipe:
                         marker = f"{self.ret}.pushed.{start}"
                         push_once(keys=[marker, keys.LOCAL], args=envelopes, client=pipe)
-                        replica.queue(pipe)
+                        wanted = replica.queue_on(pipe)
                         answers = pipe.execute()
-                    if replica.done(answers):
+                    if on_the_replica(replica, answers, wanted):
                         self.pushed_at.update(dict.fromkeys(range(start, start + BATCH), time.monotonic()))
                         break
                 except RedisError:
@@ -107,7 +107,7 @@ class Caller:
         # Answers counted whose removal from the taken list the replica may not have: found there again
         # after a failover, they are removed without being counted again.
         counted: set[bytes] = set()
-        replica = ReplicaWait()
+        replica = Replication(1, wait_ms=1000)
         look_in_taken = True
         while self.collecting.is_set():
             try:
@@ -129,23 +129,23 @@ class Caller:
                 time.sleep(0.1)
         conn.close()
 
-    def _move(self, conn: Redis, replica: ReplicaWait, taken: str) -> tuple[bytes | None, bool]:
+    def _move(self, conn: Redis, replica: Replication, taken: str) -> tuple[bytes | None, bool]:
         """The oldest answer moved into ``taken`` (None after a second without one), and whether the replica
         has the move."""
         with conn.pipeline(transaction=False) as pipe:
             pipe.blmove(self.ret, taken, 1, "RIGHT", "LEFT")
-            replica.queue(pipe)
+            wanted = replica.queue_on(pipe)
             answers = pipe.execute()
-        return answers[0], replica.done(answers)
+        return answers[0], on_the_replica(replica, answers, wanted)
 
     @staticmethod
-    def _remove(conn: Redis, replica: ReplicaWait, taken: str, raw: bytes, counted: set[bytes]) -> None:
+    def _remove(conn: Redis, replica: Replication, taken: str, raw: bytes, counted: set[bytes]) -> None:
         counted.add(raw)
         with conn.pipeline(transaction=False) as pipe:
             pipe.lrem(taken, 1, cast(Any, raw))
-            replica.queue(pipe)
+            wanted = replica.queue_on(pipe)
             answers = pipe.execute()
-        if replica.done(answers):
+        if on_the_replica(replica, answers, wanted):
             counted.discard(raw)
 
     def _count(self, raw: bytes) -> None:
@@ -156,29 +156,15 @@ class Caller:
             self.errors[reply.err[:60]] += 1
 
 
-class ReplicaWait:
-    """Whether writes are on the replica, read in the round trip that makes them: they count as done once the
-    replica has them, or if the master has no replica (just after the failover: there is nothing it could
-    fail over to). As the daemon's --redis-wait-replicas does, WAIT only while the master lists a replica (on
-    a master without one, WAIT waits out its timeout); a replica listed since, not waited for, fails the
-    writes, which are made again."""
-
-    def __init__(self) -> None:
-        self.replica_online = True
-
-    def queue(self, pipe: Pipeline) -> None:
-        """Queue the wait (if any) and the reading of the role after the writes queued on ``pipe``."""
-        if self.replica_online:
-            pipe.wait(1, 1000)
-        pipe.role()
-
-    def done(self, answers: list[Any]) -> bool:
-        """From the answers :meth:`queue` queued (the end of the pipeline's), whether the writes are done."""
-        waited = self.replica_online
-        self.replica_online = bool(answers[-1][2])
-        if waited:
-            return int(answers[-2]) >= 1 or not self.replica_online
-        return not self.replica_online
+def on_the_replica(replication: Replication, answers: list[Any], wanted: int) -> bool:
+    """Whether the writes before what ``replication`` queued are done for good, as the daemon counts them
+    (--redis-wait-replicas): the replica has them, or the master has none (just after the failover: there
+    is nothing it could fail over to)."""
+    try:
+        replication.check(answers, wanted)
+    except ReplicationError:
+        return False
+    return True
 
 
 def test_the_master_killed_while_requests_flow(sentinel_site: tuple[LocalCluster, SentinelGroup]) -> None:
