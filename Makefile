@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "msgbus needs Python >= 3.11; set PYTHON=python3.11 (or newer)")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
 	@touch $(STAMP)
 
 # promtool, for the tests of the alert rules (monitoring/).
@@ -29,7 +29,9 @@ tools: venv
 # each of the hundreds of processes the tests start would compile every one it imports (a third of a
 # daemon's start). Only what changed since is compiled again. The test modules too, as pytest rewrites
 # their asserts (half of each test worker's collection), by a collection that may write its cache.
+# The installed packages too: pip installs them uncompiled (one core for 15 s), compiled here on both.
 compile: venv
+	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null
 	@$(BIN)/python -m compileall -q $(PACKAGES) tests
 	@PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --collect-only -q -p no:cacheprovider > /dev/null
 
@@ -47,15 +49,26 @@ format: venv
 # the Spark tests' JVMs, sharing the same cores, would measure instead.
 TEST_WORKERS ?= 4
 FAULT_WORKERS ?= 4
-# Where the fault scenarios (marked `faults`) are: the fault phase collects only these
-# (tests/test_fault_phase.py checks that no scenario is elsewhere).
+# Where the fault scenarios (marked `faults`) are: the fault phase collects only these.
 FAULT_TESTS := tests/faults tests/netbed tests/router/test_faults.py
+# The scenarios keep a third of the cores idle, waiting out their outages. Tests that keep a core busy for
+# a minute but bound no time (marked `background`, all in BACKGROUND_TESTS) run beside them, on
+# BACKGROUND_WORKERS at the lowest priority, so that they take only what the scenarios leave; their
+# report follows the fault phase's. (tests/test_phases.py checks that each marked test is where its phase looks.)
+BACKGROUND_WORKERS ?= 2
+BACKGROUND_TESTS := tests/site/test_big_backlog.py tests/door/test_fuzz_door.py
 
 # Lint and compile side by side: each keeps one core busy.
 test: setup
 	@$(MAKE) --no-print-directory -j2 lint compile
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m "not faults" --durations 10
-	$(BIN)/pytest -n $(FAULT_WORKERS) --dist loadscope -m faults --durations 5 $(FAULT_TESTS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope -m "not faults and not background" --durations 10
+	@log=$$(mktemp); \
+	nice -n 19 $(BIN)/pytest -n $(BACKGROUND_WORKERS) --dist loadscope -m background -p no:cacheprovider \
+		$(BACKGROUND_TESTS) > $$log 2>&1 & background=$$!; \
+	$(BIN)/pytest -n $(FAULT_WORKERS) --dist loadscope -m faults --durations 5 $(FAULT_TESTS); faults=$$?; \
+	wait $$background; beside=$$?; \
+	echo "--- beside the fault phase, at the lowest priority: $(BACKGROUND_TESTS)"; cat $$log; rm -f $$log; \
+	test $$faults = 0 && test $$beside = 0
 
 # The unit tier: nothing but the shared redis-server is started (under 30 s).
 test-fast: setup compile

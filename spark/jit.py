@@ -18,7 +18,10 @@ The options go in ``spark.{driver,executor}.defaultJavaOptions``, which Spark pu
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 C1_ONLY: Final = "-XX:TieredStopAtLevel=1"
 # Inputs below this size are mined sooner without C2 (see the figures above).
@@ -42,3 +45,16 @@ def java_options(master: str, input_bytes: int | None) -> dict[str, str]:
     if small:
         options[EXECUTOR_OPTIONS] = C1_ONLY
     return options
+
+
+def compilers(jvm_arguments: list[str]) -> str:
+    """How a JVM started with ``jvm_arguments`` compiles: ``C1 alone`` or ``C1 and C2``."""
+    stops = [arg for arg in jvm_arguments if arg.startswith("-XX:TieredStopAtLevel=")]
+    # Levels 1-3 are C1's; the last flag given wins.
+    return "C1 alone" if stops and stops[-1] != "-XX:TieredStopAtLevel=4" else "C1 and C2"
+
+
+def driver_compilers(spark: SparkSession) -> str:
+    """How the driver's JVM compiles, read from the running JVM (under spark-submit, its flags decided)."""
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()  # type: ignore[union-attr]
+    return compilers([str(arg) for arg in runtime.getInputArguments()])

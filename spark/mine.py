@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from spark.ingest import resolve_paths
+    from spark.jit import driver_compilers
     from spark.job import MineOptions, run
     from spark.partitioning import local_input_bytes
     from spark.progress import Progress
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     with progress.stage("start Spark") as stage:
         size = local_input_bytes(resolve_paths([*args.events, *args.backlog])[0])
         spark = build_session(args.master, args.driver_memory, size)
-        stage.detail = f"master {spark.sparkContext.master}, {spark.sparkContext.defaultParallelism} cores"
+        context = spark.sparkContext
+        cores = f"{context.defaultParallelism} cores"
+        stage.detail = f"master {context.master}, {cores}, driver with {driver_compilers(spark)}"
     try:
         options = MineOptions(
             events=args.events,

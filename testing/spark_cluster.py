@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from spark.jit import C1_ONLY
 from testing.local_sites import free_port
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -135,6 +136,9 @@ class StandaloneCluster:
             "SPARK_LOG_DIR": str(self.workdir),
             # The master's REST submission server would take port 6066 on every cluster.
             "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+            # The master and the worker only schedule and start executors: C1 alone, as for a cluster's
+            # driver (spark.jit).
+            "SPARK_DAEMON_JAVA_OPTS": C1_ONLY,
         }
         with open(self.workdir / f"{role}.log", "wb") as log_file:
             self._processes.append(

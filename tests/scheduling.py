@@ -16,7 +16,7 @@ from xdist.scheduler import LoadScopeScheduling
 
 SHARED_SPARK_SESSION = "tests/spark"
 # Spark modules that start JVMs of their own: they gain nothing from the shared session's worker.
-OWN_JVMS = {"tests/spark/test_cluster.py", "tests/spark/test_demo_mine.py", "tests/spark/test_session.py"}
+OWN_JVMS = {"tests/spark/test_cluster.py", "tests/spark/test_demo_mine.py"}
 
 # Modules without module-scoped fixtures whose tests are long: each test is a scope of its own, so that
 # the fault phase's workers share them out.
@@ -39,7 +39,6 @@ LONGEST_FIRST = [
     "tests/sending/test_links.py",
     "tests/spark/test_demo_mine.py",
     "tests/site/test_processes.py",
-    "tests/spark/test_session.py",
     "tests/sending/test_uplinks.py",
     "tests/sending/test_many_down.py",
     "tests/support/test_many_twins.py",

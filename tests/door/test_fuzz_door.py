@@ -36,7 +36,7 @@ from wire import keys
 from wire.envelope import Envelope
 
 # A hang guard: 3,000 inputs take over three minutes on a loaded 2-core machine.
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.background, pytest.mark.timeout(420)]
 
 FUZZ_EXAMPLES = 3000
 

@@ -11,7 +11,7 @@ from msgbusd.door.handlers import REMEMBERED_REQUESTS
 from testing.waiting_backlog import DOWN_TWIN, BacklogSite
 from wire.envelope import Envelope
 
-pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.processes, pytest.mark.background, pytest.mark.timeout(600)]
 
 WAITING = 50_000
 # With --hold-offline (what it adds is the order of the drain, not memory).

@@ -57,7 +57,7 @@ def test_a_standalone_cluster_writes_the_tables_of_a_local_run(spark: SparkSessi
     # executor registered, and the tables must not depend on the partitioning.
     with StandaloneCluster(cores=3, memory="2g") as cluster:
         terminal = mine(logs, clustered, cluster.url, cluster.client_env())
-        assert f"start Spark: master {cluster.url}, 3 cores" in terminal
+        assert f"start Spark: master {cluster.url}, 3 cores, driver with C1 alone" in terminal
         assert "plan: 3 shuffle partitions" in terminal
         wait_until(
             lambda: [app["name"] for app in cluster.completed_apps()] == ["msgbus-mine"],

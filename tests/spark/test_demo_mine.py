@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ def test_the_demo_logs_events_that_mine_turns_into_a_report(spark: SparkSession,
     )
     assert mine.returncode == 0, mine.stderr
     assert "done in" in mine.stderr and "0 malformed" in mine.stderr
+    # The job started its driver over a small input: C1 alone (spark.jit), as the running JVM says.
+    assert re.search(r"start Spark: master local\[\*\], \d+ cores, driver with C1 alone", mine.stderr)
     assert (out / "report.html").stat().st_size > 10_000, "the report embeds its charts"
     assert "# msgbus event log mining" in (out / "summary.md").read_text()
 

@@ -2,7 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from spark.jit import C1_ONLY, DRIVER_OPTIONS, EXECUTOR_OPTIONS, SMALL_INPUT_BYTES, is_local, java_options
+from spark.jit import (
+    C1_ONLY,
+    DRIVER_OPTIONS,
+    EXECUTOR_OPTIONS,
+    SMALL_INPUT_BYTES,
+    compilers,
+    is_local,
+    java_options,
+)
 
 SMALL = SMALL_INPUT_BYTES - 1
 LARGE = SMALL_INPUT_BYTES
@@ -37,3 +45,19 @@ def test_the_driver_of_a_cluster_only_plans_and_always_compiles_with_c1_alone() 
 
 def test_executors_compile_with_c1_alone_over_a_small_input() -> None:
     assert java_options("spark://h:7077", SMALL) == {DRIVER_OPTIONS: C1_ONLY, EXECUTOR_OPTIONS: C1_ONLY}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ([], "C1 and C2"),
+        (["-Xmx1g", C1_ONLY], "C1 alone"),
+        (["-XX:TieredStopAtLevel=3"], "C1 alone"),
+        ([C1_ONLY, "-XX:TieredStopAtLevel=4"], "C1 and C2"),
+        (["-XX:TieredStopAtLevel=4", C1_ONLY], "C1 alone"),
+    ],
+)
+def test_the_compilers_are_read_from_the_jvm_arguments_the_last_flag_winning(
+    arguments: list[str], expected: str
+) -> None:
+    assert compilers(arguments) == expected

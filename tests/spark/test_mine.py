@@ -140,4 +140,5 @@ def test_spark_submit_runs_the_job(logs: Path, tmp_path: Path) -> None:
     terminal = done.stdout + done.stderr
     assert done.returncode == 0, terminal
     assert "read events: " in terminal and "done in " in terminal
+    assert "driver with C1 alone" in terminal, "spark-submit's flags decide, as the running JVM says"
     assert "- backlog snapshots: none given" in (tmp_path / "summary.md").read_text()
