@@ -250,8 +250,15 @@ def site_settings(
         int, typer.Option(min=1, help="Start a new event log file when the current one reaches this size.")
     ] = 64,
     event_log_rotate_minutes: Annotated[
-        float, typer.Option(min=0.1, help="Start a new event log file after this long.")
-    ] = 60.0,
+        float | None, typer.Option(min=0.1, help="Start a new event log file after this long (default 60).")
+    ] = None,
+    event_log_rotate_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=1.0,
+            help="The same in seconds, for a reader that follows the log as it is written, e.g. 10.",
+        ),
+    ] = None,
     instance: Annotated[
         str | None,
         typer.Option(
@@ -303,6 +310,12 @@ def site_settings(
         raise typer.BadParameter(
             "missing --mnemonics (or the MSGBUS_MNEMONICS environment variable, or --mnemonics-file)"
         )
+    if event_log_rotate_minutes is not None and event_log_rotate_seconds is not None:
+        raise typer.BadParameter("give --event-log-rotate-minutes or --event-log-rotate-seconds, not both")
+    if event_log_rotate_seconds is None:
+        event_log_rotate_seconds = 60 * (
+            60.0 if event_log_rotate_minutes is None else event_log_rotate_minutes
+        )
     host, port = parse_listen(listen)
     uplinks = tuple(dict.fromkeys(uplink or ()))
     if uplinks and not links:
@@ -347,7 +360,7 @@ def site_settings(
         rate_burst=rate_burst,
         event_log_dir=event_log,
         event_log_max_bytes=event_log_max_mb * 1024 * 1024,
-        event_log_rotate_s=event_log_rotate_minutes * 60,
+        event_log_rotate_s=event_log_rotate_seconds,
         instance=instance,
         instance_lease_s=instance_lease,
         reuse_port=reuse_port,

@@ -104,3 +104,46 @@ def test_backlog_dump_lists_pending_requests_with_ages_and_deadlines(logged_clus
     assert abs(request["deadline"] / 1e6 - deadline_wanted) < 5
     assert request["attempt"] == 0
     assert any(e["kind"] in ("queued", "dead_letter") for e in entries), "the bad item is listed"
+
+
+def completed_lines(directory: Path) -> list[dict[str, object]]:
+    """Every line of the completed files, each checked to be whole."""
+    lines = []
+    for path in sorted(directory.glob("events-*.jsonl")):
+        text = path.read_text()
+        assert text.endswith("\n"), f"{path.name} ends in the middle of a line"
+        lines += [json.loads(line) for line in text.splitlines()]
+    return lines
+
+
+def test_a_site_names_its_files_as_they_complete_and_after_a_kill_its_restart_completes_the_last(
+    tmp_path: Path,
+) -> None:
+    events = tmp_path / "events"
+    args = ["--event-log", str(events), "--event-log-rotate-seconds", "1"]
+    cluster = LocalCluster(size=2, extra_args=args).start()
+    site1 = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        with RawService(cluster.redis[1].url, "echo.logged"):
+
+            def round_trip() -> None:
+                pop_replies(site1, push_request(site1, [2], "echo.logged", b"hello"), 1)
+
+            round_trip()
+            # The first file is named once it is a second old, while the site runs.
+            wait_until(lambda: bool(list(events.glob("events-1-*.jsonl"))), what="a completed file of site 1")
+            assert next(e["event"] for e in completed_lines(events) if e["site"] == 1) == ev.ACCEPTED
+            round_trip()
+            wait_until(lambda: bool(list(events.glob("events-1-*.writing"))), what="site 1 writing a file")
+            cluster.sites[0].kill()
+            [left] = events.glob("events-1-*.writing")
+            cluster.sites[0].start()
+            assert not left.exists()
+            assert left.with_name(left.name.removesuffix(".writing")).exists()
+            assert "completed the event log file" in cluster.sites[0].log()
+            # Both round trips' events were written before the kill, the second's in the file it left.
+            accepted = [e for e in completed_lines(events) if e["site"] == 1 and e["event"] == ev.ACCEPTED]
+            assert len(accepted) == 2
+    finally:
+        site1.close()
+        cluster.cleanup()

@@ -166,6 +166,10 @@ def test_port_in_use(twins_file: Path, redis_url: str, flag: str) -> None:
         (["--twin", "1", "--uplink", "1"], "--uplink 1 is this site's own twin"),
         (["--uplink", "2", "--no-links"], "--uplink needs links (drop --no-links)"),
         (["--relay", "--no-links"], "--relay needs links (drop --no-links)"),
+        (
+            ["--event-log-rotate-minutes", "1", "--event-log-rotate-seconds", "10"],
+            "give --event-log-rotate-minutes or --event-log-rotate-seconds, not both",
+        ),
     ],
 )
 def test_router_flags_are_checked(twins_file: Path, args: list[str], message: str) -> None:

@@ -114,3 +114,23 @@ def test_load_of_nothing_is_empty_not_an_error(spark: SparkSession, tmp_path: Pa
         assert (loaded.lines, loaded.kept, loaded.set_aside, loaded.rows.count()) == (0, 0, {}, 0)
         assert loaded.rows.columns == list(ev.BACKLOG_FIELDS)
         loaded.release()
+
+
+def test_a_glob_of_jsonl_files_leaves_out_the_file_a_daemon_is_writing_a_directory_does_not(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    complete, writing = round_trip()[:2]
+    (tmp_path / "events-1-a.jsonl").write_text(json.dumps(complete) + "\n")
+    (tmp_path / "events-1-b.jsonl.writing").write_text(json.dumps(writing) + "\n" + '{"ts": 1, "si')
+    loaded = load(spark, [str(tmp_path / "*.jsonl")], EVENTS, None, None)
+    try:
+        assert (loaded.lines, loaded.kept, loaded.set_aside) == (1, 1, {})
+    finally:
+        loaded.release()
+    # A directory, or the file itself, is read as it is: its last line, still being written, is malformed.
+    for patterns in ([str(tmp_path)], [str(tmp_path / "events-1-a.jsonl"), str(tmp_path / "*.writing")]):
+        loaded = load(spark, patterns, EVENTS, None, None)
+        try:
+            assert (loaded.lines, loaded.kept, loaded.malformed) == (3, 2, {NOT_JSON: 1}), patterns
+        finally:
+            loaded.release()
