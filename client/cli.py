@@ -405,7 +405,8 @@ def backlog_dump(redis_url: RedisOption = DEFAULT_REDIS_URL) -> None:
 )
 def mine(ctx: typer.Context) -> None:
     """Mine event logs and backlog snapshots with Spark: --events PATH... [--backlog PATH...] --out DIR
-    [--master local[*]] [--since ISO] [--until ISO] (`msgbus mine --help` for all)."""
+    [--master local[*]] [--since ISO] [--until ISO]; or follow a running site: --follow --events DIR --out
+    DIR (`msgbus mine --help` for all)."""
     try:
         from spark.mine import main as mine_main
     except ImportError as exc:

@@ -13,7 +13,7 @@ from typing import Any, Final
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark import backlog, failures, latency, throughput, timeline
+from spark import backlog, failures, latency, minutes, throughput, timeline
 from spark.ingest import BACKLOG, EVENTS, OUTSIDE_WINDOW, PERSISTED, Loaded, Source, load, resolve_paths
 from spark.outputs import table_path, write_table, write_text
 from spark.partitioning import SHUFFLE_PARTITIONS, choose_shuffle_partitions
@@ -116,12 +116,15 @@ def run(spark: SparkSession, options: MineOptions, progress: Progress) -> Report
         "errors": failures.error_causes(events),
         "delivery": failures.delivery_by_destination(requests),
         "throughput_per_minute": throughput.throughput_per_minute(events),
+        minutes.LATENCY: minutes.latency_per_minute(requests),
+        minutes.ERRORS: minutes.errors_per_minute(events),
         "backlog_age_histogram": backlog.backlog_age_histogram(snapshot),
         "backlog_leaks": backlog.backlog_leaks(snapshot),
     }
     large_tables = {
         "requests": requests,
         "unanswered": failures.unanswered_requests(requests, events),
+        minutes.UNANSWERED: minutes.unanswered_per_minute(requests),
     }
     writes = [(name, frame, True) for name, frame in small_tables.items()]
     writes += [(name, frame, False) for name, frame in large_tables.items()]

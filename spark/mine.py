@@ -3,6 +3,7 @@ backlog snapshots into Parquet tables, summary.md and report.html.
 
     python -m spark.mine --events 'logs/*.jsonl' --backlog 'backlog/*.jsonl' --out mined/
     spark-submit --master yarn spark/mine.py --events hdfs:///msgbus/events --out hdfs:///msgbus/mined
+    python -m spark.mine --follow --events /var/log/msgbus/events --out live/   (spark.follow)
 
 PySpark is imported only when the job runs, so the ``msgbus`` CLI can offer this command without it.
 """
@@ -10,7 +11,9 @@ PySpark is imported only when the job runs, so the ``msgbus`` CLI can offer this
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -57,6 +60,30 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="default: one per core, more for inputs over 64 MB per core",
     )
+    follow = p.add_argument_group("following a running site (--follow)")
+    follow.add_argument(
+        "--follow",
+        action="store_true",
+        help="follow the event log directory --events as the daemons write it (Structured Streaming)",
+    )
+    follow.add_argument(
+        "--checkpoint", metavar="DIR", help="the stream's checkpoint (default OUT/_checkpoint)"
+    )
+    follow.add_argument("--trigger", type=float, default=5.0, metavar="SECONDS", help="a micro-batch every")
+    follow.add_argument(
+        "--watermark",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how late an event may come and still count (above the logs' rotation period)",
+    )
+    follow.add_argument(
+        "--lookback",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how far back a request's first events are looked for (its longest lifetime)",
+    )
     return p
 
 
@@ -66,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.since is not None and args.until is not None and args.since >= args.until:
         print("msgbus-mine: --since must be before --until", file=sys.stderr)
         return 2
+
+    if args.follow:
+        return follow(args)
 
     from spark.ingest import resolve_paths
     from spark.jit import driver_compilers
@@ -98,6 +128,59 @@ def main(argv: list[str] | None = None) -> int:
         f"done in {time.monotonic() - started:.1f}s: {data.events.kept:,} events, "
         f"{data.outcomes.get('requests', 0):,} requests; report in {args.out}"
     )
+    return 0
+
+
+def follow(args: argparse.Namespace) -> int:
+    """Follow one event log directory until Ctrl-C or SIGTERM; 0 when stopped so."""
+    if len(args.events) != 1 or args.backlog or args.since is not None or args.until is not None:
+        print(
+            "msgbus-mine: --follow takes one --events directory, and no --backlog, --since or --until",
+            file=sys.stderr,
+        )
+        return 2
+    from spark.follow import FollowOptions, start
+    from spark.jit import driver_compilers
+    from spark.progress import Progress
+    from spark.session import build_session
+
+    progress = Progress()
+    with progress.stage("start Spark") as stage:
+        # A job that runs for days: its JVM keeps both compilers (input_bytes unknown).
+        spark = build_session(args.master, args.driver_memory, None)
+        context = spark.sparkContext
+        cores = f"{context.defaultParallelism} cores"
+        stage.detail = f"master {context.master}, {cores}, driver with {driver_compilers(spark)}"
+    # Micro-batches are small: one partition per core (Spark's default of 200 is for large shuffles).
+    partitions = args.shuffle_partitions or context.defaultParallelism
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    options = FollowOptions(
+        events=args.events[0],
+        out=args.out,
+        checkpoint=args.checkpoint or f"{args.out.rstrip('/')}/_checkpoint",
+        trigger_s=args.trigger,
+        watermark_s=args.watermark,
+        lookback_s=args.lookback,
+    )
+    query = start(spark, options)
+    progress.note(
+        f"following {options.events} (*.jsonl), a micro-batch every {options.trigger_s:g}s; tables and "
+        f"now.html in {options.out}, checkpoint {options.checkpoint}; Ctrl-C to stop"
+    )
+    stopping = threading.Event()
+    for received in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(received, lambda *_: stopping.set())
+    try:
+        while query.isActive and not stopping.wait(1.0):
+            pass
+        failure = query.exception()
+        if failure is not None:
+            progress.note(f"the stream stopped: {failure}")
+            return 1
+        progress.note("stopping: the next start on the same checkpoint goes on from here")
+    finally:
+        query.stop()
+        spark.stop()
     return 0
 
 

@@ -1,5 +1,7 @@
 """One local SparkSession for the whole Spark test run: 2 cores, 2 shuffle partitions, no UI, and C1 alone
-(tiny frames, as the job compiles for a small input: spark.jit)."""
+(tiny frames, as the job compiles for a small input: spark.jit), with room for the code of all the tests'
+queries (C1 alone reserves 48 MB for compiled code, which the stream's queries fill: then the JVM stops
+compiling)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
-        .config(DRIVER_OPTIONS, C1_ONLY)
+        .config(DRIVER_OPTIONS, f"{C1_ONLY} -XX:ReservedCodeCacheSize=240m")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

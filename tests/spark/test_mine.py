@@ -32,6 +32,9 @@ TABLES = {
     "backlog_leaks",
     "requests",
     "unanswered",
+    "latency_per_minute",
+    "errors_per_minute",
+    "unanswered_per_minute",
 }
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,3 +145,18 @@ def test_spark_submit_runs_the_job(logs: Path, tmp_path: Path) -> None:
     assert "read events: " in terminal and "done in " in terminal
     assert "driver with C1 alone" in terminal, "spark-submit's flags decide, as the running JVM says"
     assert "- backlog snapshots: none given" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--follow", "--events", "a", "b", "--out", "y"],
+        ["--follow", "--events", "a", "--backlog", "b", "--out", "y"],
+        ["--follow", "--events", "a", "--since", "2026-11-21", "--out", "y"],
+    ],
+)
+def test_follow_takes_one_directory_and_no_window_before_spark_starts(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert "--follow takes one --events directory" in capsys.readouterr().err

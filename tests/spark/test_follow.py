@@ -1,0 +1,198 @@
+"""``msgbus mine --follow`` over event log files that appear while it runs (written here, with times chosen
+so that minutes close on cue): the per-minute tables equal the batch job's over the same files, late events
+within the watermark count, a batch done again writes nothing twice, and a destination that turns slow is
+an anomaly while one that stays fast is not."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from spark import minutes
+from spark.anomalies import FAILING, SLOWER, AnomalyRules
+from spark.follow import ANOMALIES, Follower, FollowOptions, read_table, start
+from spark.job import MineOptions, run
+from spark.progress import Progress
+from spark.schema import event_schema, with_corrupt_record
+from tests.spark.frames import T0, event, round_trip
+from wire import event_schema as ev
+
+MINUTE = 60_000_000
+START = T0 - T0 % MINUTE  # a minute's start
+RULES = AnomalyRules(recent_minutes=2, baseline_minutes=20, min_recent=5, min_baseline=20)
+WATERMARK_S = 60.0
+SLOW_FROM_MIN = 30
+FAST, SLOW = 2, 3
+
+
+def request(at: int, uid: str, dst: int, extra_us: int = 0) -> list[dict[str, Any]]:
+    """One answered request to ``dst``; ``extra_us`` more in its service."""
+    events = round_trip(at, uid=uid, dst=dst)
+    return [e if e[ev.TS] < at + 4000 else {**e, ev.TS: e[ev.TS] + extra_us} for e in events]
+
+
+def traffic(first_min: int, end_min: int) -> list[dict[str, Any]]:
+    """Six requests a minute to each destination; SLOW's take 100 ms more from SLOW_FROM_MIN on; one request
+    to SLOW a minute fails, one in ten minutes expires."""
+    events: list[dict[str, Any]] = []
+    for minute in range(first_min, end_min):
+        for n in range(6):
+            at = START + minute * MINUTE + n * 10_000_000
+            events += request(at, f"{FAST}.{minute}{n}", FAST)
+            extra = 100_000 if minute >= SLOW_FROM_MIN else 0
+            events += request(at + 1000, f"{SLOW}.{minute}{n}", SLOW, extra)
+        failing = {ev.UID: f"{SLOW}.{minute}f", ev.CMD: "calc.add", ev.SRC: 1, ev.DST: SLOW, ev.HOST: "h1"}
+        at = START + minute * MINUTE + 5_000_000
+        events += [
+            event(at, 1, ev.ACCEPTED, **failing),
+            event(at + 100, 1, ev.SEND_FAILED, attempt=1, error="connection refused", **failing),
+            event(at + 200, 1, ev.FAILED, error="all retries done: connection refused", **failing),
+        ]
+        if minute % 10 == 3:
+            lost = {**failing, ev.UID: f"{SLOW}.{minute}x"}
+            events += [event(at + 300, 1, ev.ACCEPTED, **lost), event(at + 30_000_000, 1, ev.EXPIRED, **lost)]
+    return events
+
+
+def write_log(
+    folder: Path, name: str, events: list[dict[str, Any]], extra_lines: tuple[str, ...] = ()
+) -> None:
+    """As daemons do: each site's events in a file of its own, named once complete."""
+    for site in sorted({e[ev.SITE] for e in events}):
+        lines = [json.dumps(e) for e in sorted(events, key=lambda e: e[ev.TS]) if e[ev.SITE] == site]
+        text = "\n".join([*lines, *(extra_lines if site == 1 else ())]) + "\n"
+        (folder / f"events-{site}-{name}.jsonl.writing").write_text(text)
+        (folder / f"events-{site}-{name}.jsonl.writing").rename(folder / f"events-{site}-{name}.jsonl")
+
+
+class Followed:
+    def __init__(self, spark: SparkSession, root: Path) -> None:
+        self.spark = spark
+        self.logs = root / "logs"
+        self.logs.mkdir()
+        self.out = str(root / "out")
+        self.options = FollowOptions(
+            events=str(self.logs),
+            out=self.out,
+            checkpoint=str(root / "checkpoint"),
+            trigger_s=0.5,
+            watermark_s=WATERMARK_S,
+            rules=RULES,
+        )
+        self.query = start(spark, self.options)
+        self.query_input_schema = with_corrupt_record(event_schema())
+
+    def catch_up(self) -> None:
+        self.query.processAllAvailable()
+
+    @property
+    def last_batch(self) -> int:
+        return int(self.now()["progress"]["batch"])
+
+    def restart(self) -> None:
+        self.query.stop()
+        self.query = start(self.spark, self.options)
+
+    def now(self) -> dict[str, Any]:
+        return dict(json.loads(Path(self.out, "now.json").read_text()))
+
+    def table(self, name: str) -> DataFrame:
+        return read_table(self.spark, self.out, name)
+
+
+@pytest.fixture
+def followed(spark: SparkSession, tmp_path: Path) -> Iterator[Followed]:
+    following = Followed(spark, tmp_path)
+    try:
+        yield following
+    finally:
+        following.query.stop()
+
+
+def closed_until(now: dict[str, Any]) -> int:
+    at = datetime.fromisoformat(now["progress"]["closed_until"])
+    return int(at.timestamp()) * 1_000_000
+
+
+def batch_tables(spark: SparkSession, logs: Path, out: Path, before_us: int) -> dict[str, DataFrame]:
+    run(spark, MineOptions(events=[str(logs / "*.jsonl")], backlog=[], out=str(out)), Progress(io.StringIO()))
+    before = F.col(minutes.MINUTE) < F.timestamp_micros(F.lit(before_us))
+    return {name: spark.read.parquet(str(out / name)).where(before) for name in minutes.TABLES}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_destination_as_anomaly(
+    spark: SparkSession, followed: Followed, tmp_path: Path
+) -> None:
+    # The sites' files are not rotated together: the destinations' events of minute 19 come after the
+    # source's of minute 20, within the watermark, and count.
+    everything = traffic(0, 20)
+    write_log(
+        followed.logs, "a", [e for e in everything if e[ev.SITE] == 1 or e[ev.TS] < START + 19 * MINUTE]
+    )
+    followed.catch_up()
+    # The newest event read is at minute 19: with a watermark of a minute, the minutes before 18 are closed.
+    assert closed_until(followed.now()) == START + 18 * MINUTE
+    write_log(
+        followed.logs,
+        "b",
+        [e for e in everything if e[ev.SITE] != 1 and e[ev.TS] >= START + 19 * MINUTE] + traffic(20, 30),
+        extra_lines=("not json", json.dumps(round_trip(START + 25 * MINUTE, uid="2.dup")[0])),
+    )
+    write_log(followed.logs, "b2", [round_trip(START + 25 * MINUTE, uid="2.dup")[0]])
+    followed.catch_up()
+    # A crash in the middle of the last micro-batch: started again, Spark does it again whole, with the same
+    # files, in a new process (a Follower that has to read its state back); then the stream goes on from
+    # its checkpoint.
+    followed.query.stop()
+    again = followed.spark.read.schema(followed.query_input_schema).json(
+        [
+            str(followed.logs / f"events-{site}-{name}.jsonl")
+            for site in (1, 2, 3)
+            for name in ("b", "b2")
+            if (followed.logs / f"events-{site}-{name}.jsonl").exists()
+        ]
+    )
+    Follower(followed.spark, followed.options).handle(again, followed.last_batch)
+    followed.restart()
+    write_log(followed.logs, "c", traffic(30, 36))
+    followed.catch_up()
+
+    now = followed.now()
+    progress = now["progress"]
+    assert progress["late"] == 0
+    assert progress["malformed"] == {"not valid JSON for the schema": 1}
+    assert progress["duplicates"] == 1
+    assert progress["batches"] == 3, "the batch done again is counted once"
+    assert closed_until(now) == START + 34 * MINUTE
+
+    # Minute by minute, what the batch job computes over the same files (the minutes closed so far).
+    expected = batch_tables(followed.spark, followed.logs, tmp_path / "batch", closed_until(now))
+    for name in minutes.TABLES:
+        assertDataFrameEqual(followed.table(name), expected[name])
+    latency = followed.table(minutes.LATENCY)
+    assert (
+        latency.groupBy(minutes.MINUTE, ev.SRC, ev.DST, ev.CMD, "hop").count().where("count > 1").count() == 0
+    )
+    assert latency.where(f"dst = {SLOW} and hop = 'end_to_end'").count() == 34
+
+    # SLOW turned slow at minute 30: an anomaly of the minutes after, FAST never; the view shows it first.
+    found = followed.table(ANOMALIES)
+    slower = found.where(F.col("kind") == SLOWER)
+    assert {(row[ev.DST], row[ev.CMD]) for row in slower.collect()} == {(SLOW, "calc.add")}
+    assert found.where(F.col(ev.DST) == FAST).count() == 0
+    assert now["anomalies"][0]["kind"] == SLOWER and now["anomalies"][0]["dst"] == SLOW
+    assert now["slowest_destinations"][0]["dst"] == SLOW
+    assert {row["dst"] for row in now["errors"]} == {SLOW}
+    assert 'http-equiv="refresh"' in Path(followed.out, "now.html").read_text()
+    assert FAILING not in {row["kind"] for row in found.collect()}
