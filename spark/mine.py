@@ -24,6 +24,8 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# How long a stopping --follow waits for its micro-batch to end.
+STOP_WAIT_S = 60.0
 
 
 def instant_us(text: str) -> int:
@@ -178,6 +180,11 @@ def follow(args: argparse.Namespace) -> int:
             progress.note(f"the stream stopped: {failure}")
             return 1
         progress.note("stopping: the next start on the same checkpoint goes on from here")
+        # Between two micro-batches: one cut short would only be done again, but its thread, interrupted
+        # in the middle of Spark's work, dies with an error of its own.
+        deadline = time.monotonic() + STOP_WAIT_S
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         query.stop()
         spark.stop()
