@@ -13,6 +13,7 @@ import pytest
 UNITS_DIR = Path(__file__).resolve().parents[2] / "systemd"
 SITE_UNIT = UNITS_DIR / "msgbusd.service"
 TEMPLATE_UNIT = UNITS_DIR / "msgbusd@.service"
+FOLLOW_UNIT = UNITS_DIR / "msgbus-follow.service"
 EXEC_BINARY = "/usr/local/bin/msgbusd"
 DRAIN_GRACE_S = 10.0  # msgbusd's default --drain-grace
 
@@ -113,6 +114,32 @@ def test_unit_directives(path: Path) -> None:
     assert value(unit, "Install", "WantedBy") == "multi-user.target"
 
 
+def test_the_follow_unit_runs_the_job_as_the_site_user_and_lets_its_micro_batch_end() -> None:
+    from spark.mine import STOP_WAIT_S
+
+    unit = parse_unit(FOLLOW_UNIT)
+    assert set(unit) == {"Unit", "Service", "Install"}
+    assert "msgbusd.service" in value(unit, "Unit", "After").split()
+    assert value(unit, "Service", "ExecStart").split() == [
+        "/usr/local/bin/msgbus",
+        "mine",
+        "--follow",
+        "$MSGBUS_FOLLOW_ARGS",
+    ]
+    assert value(unit, "Service", "EnvironmentFile") == "/etc/msgbus/msgbus-follow.env"
+    assert value(unit, "Service", "KillSignal") == "SIGTERM"
+    assert seconds(value(unit, "Service", "TimeoutStopSec")) > STOP_WAIT_S
+    assert value(unit, "Service", "User") == "msgbus" and value(unit, "Service", "Restart") == "on-failure"
+    assert value(unit, "Service", "StateDirectory") == "msgbus"
+    assert (
+        value(unit, "Service", "ProtectSystem") == "strict"
+        and value(unit, "Service", "NoNewPrivileges") == "yes"
+    )
+    # The JVM writes the code it compiles into executable memory.
+    assert values(unit, "Service", "MemoryDenyWriteExecute") == []
+    assert value(unit, "Install", "WantedBy") == "multi-user.target"
+
+
 def test_environment_files() -> None:
     assert value(parse_unit(SITE_UNIT), "Service", "EnvironmentFile") == "/etc/msgbus/msgbusd.env"
     # The instance name picks the site's file, so each site has its own secret, Redis, port and twin map.
@@ -135,8 +162,12 @@ def _copy_with_existing_binary(path: Path, directory: Path) -> Path:
     # (or /bin/true), which is the same check of everything else in the unit.
     installed = Path(sys.executable).with_name("msgbusd")
     binary = installed if installed.exists() else Path("/bin/true")
+    command = Path(sys.executable).with_name("msgbus")
     copy = directory / path.name
-    copy.write_text(path.read_text().replace(EXEC_BINARY, str(binary)))
+    text = path.read_text().replace(EXEC_BINARY, str(binary))
+    copy.write_text(
+        text.replace("/usr/local/bin/msgbus ", f"{command if command.exists() else '/bin/true'} ")
+    )
     return copy
 
 
@@ -148,8 +179,12 @@ def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
 @needs_systemd_analyze
 @pytest.mark.parametrize(
     ("path", "name"),
-    [(SITE_UNIT, "msgbusd.service"), (TEMPLATE_UNIT, "msgbusd@site1.service")],
-    ids=["msgbusd.service", "msgbusd@.service"],
+    [
+        (SITE_UNIT, "msgbusd.service"),
+        (TEMPLATE_UNIT, "msgbusd@site1.service"),
+        (FOLLOW_UNIT, "msgbus-follow.service"),
+    ],
+    ids=["msgbusd.service", "msgbusd@.service", "msgbus-follow.service"],
 )
 def test_systemd_analyze_verify(path: Path, name: str, tmp_path: Path) -> None:
     copy = _copy_with_existing_binary(path, tmp_path)
