@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -192,7 +192,7 @@ class Follower:
         progress = {
             "batch": batch_id,
             "batch_s": round(took_s, 2),
-            "closed_until": now_view._iso(state.closed_until_us),
+            "closed_until": now_view.iso(state.closed_until_us),
             **{
                 key: value
                 for key, value in asdict(state).items()
@@ -243,7 +243,3 @@ class Follower:
 def read_table(spark: SparkSession, out: str, name: str) -> DataFrame:
     """A table the follower wrote, all batches together (without the batch column)."""
     return spark.read.parquet(table_path(out, name)).drop(BATCH)
-
-
-def describe(options: FollowOptions) -> dict[str, Any]:
-    return {**asdict(options), "rules": asdict(options.rules)}

@@ -23,7 +23,7 @@ IN_FLIGHT_AFTER_S: Final = 10
 RELOAD_S: Final = 5
 
 
-def _iso(ts_us: int | None) -> str | None:
+def iso(ts_us: int | None) -> str | None:
     return None if ts_us is None else datetime.fromtimestamp(ts_us / 1e6, UTC).isoformat(timespec="seconds")
 
 
@@ -62,7 +62,7 @@ def now_view(
     )
     found = anomalies.judge(requests, newest_us, rules)
     return {
-        "as_of": _iso(newest_us),
+        "as_of": iso(newest_us),
         "window_s": WINDOW_S,
         "anomalies": _rows(found.orderBy(F.col("ratio").desc()), 100),
         "slowest_destinations": _rows(by_dst.orderBy(F.col("p99_ms").desc(), ev.DST), TOP),

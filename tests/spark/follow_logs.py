@@ -3,7 +3,6 @@ tests of ``msgbus mine --follow``; and the batch job's per-minute tables over th
 
 from __future__ import annotations
 
-import io
 import json
 from datetime import datetime
 from pathlib import Path
@@ -13,15 +12,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark import minutes
-from spark.job import MineOptions, run
-from spark.progress import Progress
+from spark.ingest import EVENTS, load
+from spark.timeline import request_timeline
 from tests.spark.frames import T0, event, round_trip
 from wire import event_schema as ev
 
 MINUTE = 60_000_000
 START = T0 - T0 % MINUTE  # a minute's start
 WATERMARK_S = 60.0
-SLOW_FROM_MIN = 30
+SLOW_FROM_MIN = 15
 FAST, SLOW = 2, 3
 
 
@@ -70,7 +69,10 @@ def closed_until(now: dict[str, Any]) -> int:
     return int(at.timestamp()) * 1_000_000
 
 
-def batch_tables(spark: SparkSession, logs: Path, out: Path, before_us: int) -> dict[str, DataFrame]:
-    run(spark, MineOptions(events=[str(logs / "*.jsonl")], backlog=[], out=str(out)), Progress(io.StringIO()))
+def batch_tables(spark: SparkSession, logs: Path, before_us: int) -> dict[str, DataFrame]:
+    """The per-minute tables the batch job computes over ``logs`` (its own reading of the files and the
+    functions ``spark.job.run`` writes them with), for the minutes before ``before_us``."""
+    loaded = load(spark, [str(logs / "*.jsonl")], EVENTS, None, None)
+    tables = minutes.per_minute_tables(loaded.rows, request_timeline(loaded.rows))
     before = F.col(minutes.MINUTE) < F.timestamp_micros(F.lit(before_us))
-    return {name: spark.read.parquet(str(out / name)).where(before) for name in minutes.TABLES}
+    return {name: frame.where(before) for name, frame in tables.items()}

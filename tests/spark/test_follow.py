@@ -33,7 +33,7 @@ from tests.spark.follow_logs import (
 from tests.spark.frames import round_trip
 from wire import event_schema as ev
 
-RULES = AnomalyRules(recent_minutes=2, baseline_minutes=20, min_recent=5, min_baseline=20)
+RULES = AnomalyRules(recent_minutes=2, baseline_minutes=10, min_recent=5, min_baseline=20)
 
 
 class Followed:
@@ -83,24 +83,22 @@ def followed(spark: SparkSession, tmp_path: Path) -> Iterator[Followed]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_destination_as_anomaly(
-    spark: SparkSession, followed: Followed, tmp_path: Path
+    spark: SparkSession, followed: Followed
 ) -> None:
     # The sites' files are not rotated together: the destinations' events of minute 19 come after the
     # source's of minute 20, within the watermark, and count.
-    everything = traffic(0, 20)
-    write_log(
-        followed.logs, "a", [e for e in everything if e[ev.SITE] == 1 or e[ev.TS] < START + 19 * MINUTE]
-    )
+    everything = traffic(0, 8)
+    write_log(followed.logs, "a", [e for e in everything if e[ev.SITE] == 1 or e[ev.TS] < START + 7 * MINUTE])
     followed.catch_up()
-    # The newest event read is at minute 19: with a watermark of a minute, the minutes before 18 are closed.
-    assert closed_until(followed.now()) == START + 18 * MINUTE
+    # The newest event read is at minute 7: with a watermark of a minute, the minutes before 6 are closed.
+    assert closed_until(followed.now()) == START + 6 * MINUTE
     write_log(
         followed.logs,
         "b",
-        [e for e in everything if e[ev.SITE] != 1 and e[ev.TS] >= START + 19 * MINUTE] + traffic(20, 30),
-        extra_lines=("not json", json.dumps(round_trip(START + 25 * MINUTE, uid="2.dup")[0])),
+        [e for e in everything if e[ev.SITE] != 1 and e[ev.TS] >= START + 7 * MINUTE] + traffic(8, 15),
+        extra_lines=("not json", json.dumps(round_trip(START + 10 * MINUTE, uid="2.dup")[0])),
     )
-    write_log(followed.logs, "b2", [round_trip(START + 25 * MINUTE, uid="2.dup")[0]])
+    write_log(followed.logs, "b2", [round_trip(START + 10 * MINUTE, uid="2.dup")[0]])
     followed.catch_up()
     # A crash in the middle of the last micro-batch: started again, Spark does it again whole, with the same
     # files, in a new process (a Follower that has to read its state back); then the stream goes on from
@@ -116,7 +114,7 @@ def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_desti
     )
     Follower(followed.spark, followed.options).handle(again, followed.last_batch)
     followed.restart()
-    write_log(followed.logs, "c", traffic(30, 36))
+    write_log(followed.logs, "c", traffic(15, 20))
     followed.catch_up()
 
     now = followed.now()
@@ -125,19 +123,19 @@ def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_desti
     assert progress["malformed"] == {"not valid JSON for the schema": 1}
     assert progress["duplicates"] == 1
     assert progress["batches"] == 3, "the batch done again is counted once"
-    assert closed_until(now) == START + 34 * MINUTE
+    assert closed_until(now) == START + 18 * MINUTE
 
     # Minute by minute, what the batch job computes over the same files (the minutes closed so far).
-    expected = batch_tables(followed.spark, followed.logs, tmp_path / "batch", closed_until(now))
+    expected = batch_tables(followed.spark, followed.logs, closed_until(now))
     for name in minutes.TABLES:
         assertDataFrameEqual(followed.table(name), expected[name])
     latency = followed.table(minutes.LATENCY)
     assert (
         latency.groupBy(minutes.MINUTE, ev.SRC, ev.DST, ev.CMD, "hop").count().where("count > 1").count() == 0
     )
-    assert latency.where(f"dst = {SLOW} and hop = 'end_to_end'").count() == 34
+    assert latency.where(f"dst = {SLOW} and hop = 'end_to_end'").count() == 18
 
-    # SLOW turned slow at minute 30: an anomaly of the minutes after, FAST never; the view shows it first.
+    # SLOW turned slow at minute 15: an anomaly of the minutes after, FAST never; the view shows it first.
     found = followed.table(ANOMALIES)
     slower = found.where(F.col("kind") == SLOWER)
     assert {(row[ev.DST], row[ev.CMD]) for row in slower.collect()} == {(SLOW, "calc.add")}
