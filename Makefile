@@ -57,7 +57,7 @@ FAULT_TESTS := tests/faults tests/netbed tests/router/test_faults.py
 # BACKGROUND_WORKERS at the lowest priority, so that they take only what the scenarios leave; their
 # report follows the fault phase's. (tests/test_phases.py checks that each marked test is where its phase looks.)
 BACKGROUND_WORKERS ?= 2
-BACKGROUND_TESTS := tests/site/test_big_backlog.py tests/door/test_fuzz_door.py tests/spark/test_follow_restart.py
+BACKGROUND_TESTS := tests/site/test_big_backlog.py tests/door/test_fuzz_door.py
 
 # Lint and compile side by side: each keeps one core busy.
 test: setup

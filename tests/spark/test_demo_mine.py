@@ -1,7 +1,8 @@
-"""What an operator does: two real sites write event logs, and `msgbus mine` turns them into a report."""
+"""What an operator does: two real sites write event logs, and the job turns them into a report."""
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
@@ -11,12 +12,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 from client.demo import TRAFFIC_REQUESTS
+from spark.job import MineOptions, run
+from spark.progress import Progress
 
 MSGBUS = [sys.executable, "-c", "from client.cli import main; main()"]
 
 
 @pytest.mark.slow
-# A hang guard: the demo and a spark-submit of its own take past two minutes on a loaded 2-core machine.
+# A hang guard: the demo and the job take about two minutes on a loaded 2-core machine.
 @pytest.mark.timeout(300)
 def test_the_demo_logs_events_that_mine_turns_into_a_report(spark: SparkSession, tmp_path: Path) -> None:
     events = tmp_path / "events"
@@ -25,16 +28,11 @@ def test_the_demo_logs_events_that_mine_turns_into_a_report(spark: SparkSession,
     assert f"msgbus mine --events '{events}/*.jsonl'" in demo.stdout
     assert sorted(path.name.split("-")[1] for path in events.glob("events-*.jsonl")) == ["1", "2"]
 
+    # The job in this process's session (its command line runs in the cluster and spark-submit tests).
     out = tmp_path / "report"
-    mine = subprocess.run(
-        [*MSGBUS, "mine", "--events", f"{events}/*.jsonl", "--out", str(out), "--driver-memory", "1g"],
-        capture_output=True,
-        text=True,
-    )
-    assert mine.returncode == 0, mine.stderr
-    assert "done in" in mine.stderr and "0 malformed" in mine.stderr
-    # The job started its driver over a small input: C1 alone (spark.jit), as the running JVM says.
-    assert re.search(r"start Spark: master local\[\*\], \d+ cores, driver with C1 alone", mine.stderr)
+    terminal = io.StringIO()
+    run(spark, MineOptions(events=[f"{events}/*.jsonl"], backlog=[], out=str(out)), Progress(terminal))
+    assert re.search(r"read events: ([\d,]+) lines, \1 kept, 0 malformed", terminal.getvalue())
     assert (out / "report.html").stat().st_size > 10_000, "the report embeds its charts"
     assert "# msgbus event log mining" in (out / "summary.md").read_text()
 

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 # The job keeps C2 for its days of running; for the few micro-batches here C1 alone costs less (spark.jit).
 C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 # Two JVMs of their own, one after the other, and the batch job's in this process: a few minutes when the
-# machine is busy (this module runs beside the fault scenarios, at the lowest priority).
-pytestmark = [pytest.mark.slow, pytest.mark.background, pytest.mark.timeout(600)]
+# machine is busy.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 WAIT_S = 300.0
 
 

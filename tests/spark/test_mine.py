@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+from typer.testing import CliRunner
 
 from spark import generate
 from spark.jit import C1_ONLY
@@ -160,3 +161,11 @@ def test_follow_takes_one_directory_and_no_window_before_spark_starts(
 ) -> None:
     assert main(argv) == 2
     assert "--follow takes one --events directory" in capsys.readouterr().err
+
+
+def test_msgbus_mine_passes_its_arguments_to_the_job(capsys: pytest.CaptureFixture[str]) -> None:
+    from client.cli import app
+
+    result = CliRunner().invoke(app, ["mine", "--follow", "--events", "a", "b", "--out", "y"])
+    assert result.exit_code == 2
+    assert "--follow takes one --events directory" in capsys.readouterr().err + result.output
