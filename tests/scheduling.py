@@ -16,7 +16,12 @@ from xdist.scheduler import LoadScopeScheduling
 
 SHARED_SPARK_SESSION = "tests/spark"
 # Spark modules that start JVMs of their own: they gain nothing from the shared session's worker.
-OWN_JVMS = {"tests/spark/test_cluster.py", "tests/spark/test_demo_mine.py"}
+OWN_JVMS = {
+    "tests/spark/test_cluster.py",
+    "tests/spark/test_demo_mine.py",
+    # Its JVMs are its own; alone it takes as long as the shared session's other modules together.
+    "tests/spark/test_follow_restart.py",
+}
 
 # Modules without module-scoped fixtures whose tests are long: each test is a scope of its own, so that
 # the fault phase's workers share them out.
@@ -31,6 +36,7 @@ LONGEST_FIRST = [
     SHARED_SPARK_SESSION,
     "tests/site/test_big_backlog.py",
     "tests/spark/test_cluster.py",
+    "tests/spark/test_follow_restart.py",
     "tests/site/test_two_sites.py",
     "tests/router/test_e2e.py",
     "tests/door/test_fuzz_door.py",
