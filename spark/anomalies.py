@@ -128,17 +128,7 @@ def _slower(window: DataFrame, rules: AnomalyRules) -> DataFrame:
         & (F.col("baseline_value") > 0)
         & (ratio >= rules.latency_factor)
     )
-    return judged.select(
-        END,
-        F.lit(SLOWER).alias("kind"),
-        ev.DST,
-        ev.CMD,
-        "recent_requests",
-        "recent_value",
-        "baseline_requests",
-        "baseline_value",
-        ratio.alias("ratio"),
-    )
+    return _rows(judged, SLOWER, ratio)
 
 
 def _share(recent: bool) -> Column:
@@ -162,14 +152,8 @@ def _failing(window: DataFrame, rules: AnomalyRules) -> DataFrame:
         & (F.col("recent_value") >= rules.error_share)
         & (ratio >= rules.error_factor)
     )
-    return judged.select(
-        END,
-        F.lit(FAILING).alias("kind"),
-        ev.DST,
-        F.lit(None).cast("string").alias(ev.CMD),
-        "recent_requests",
-        "recent_value",
-        "baseline_requests",
-        "baseline_value",
-        ratio.alias("ratio"),
-    )
+    return _rows(judged.withColumn(ev.CMD, F.lit(None).cast("string")), FAILING, ratio)
+
+
+def _rows(judged: DataFrame, kind: str, ratio: Column) -> DataFrame:
+    return judged.withColumn("kind", F.lit(kind)).withColumn("ratio", ratio).select(END, *COLUMNS)

@@ -25,6 +25,12 @@ def error_cause() -> Column:
     )
 
 
+def error_destination() -> Column:
+    """The destination an error event counts for: a rejected message whose destination could not be read
+    counts for the site that rejected it."""
+    return F.coalesce(F.col(ev.DST), F.when(F.col(ev.EVENT) == ev.REJECTED, F.col(ev.SITE)))
+
+
 def accepted_per_destination(events: DataFrame) -> DataFrame:
     """dst, requests: how many requests to each destination were accepted."""
     return (
@@ -38,9 +44,7 @@ def error_causes(events: DataFrame) -> DataFrame:
     A rejected message counts for the site that rejected it when its destination could not be read.
     """
     errors = events.where(F.col(ev.EVENT).isin(*ERROR_EVENTS)).select(
-        F.coalesce(F.col(ev.DST), F.when(F.col(ev.EVENT) == ev.REJECTED, F.col(ev.SITE))).alias(ev.DST),
-        F.col(ev.EVENT),
-        error_cause().alias("cause"),
+        error_destination().alias(ev.DST), F.col(ev.EVENT), error_cause().alias("cause")
     )
     counted = errors.groupBy(ev.DST, ev.EVENT, "cause").agg(F.count(F.lit(1)).alias("events"))
     joined = counted.join(F.broadcast(accepted_per_destination(events)), on=ev.DST, how="left")

@@ -23,10 +23,8 @@ no minute is written by two batches (each closes the minutes between the last on
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Final
 
 from pyspark.sql import DataFrame, SparkSession
@@ -34,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark import anomalies, minutes, now_view
-from spark.ingest import COPIES, DISPOSITION, EVENTS, classify_lines, deduplicated, is_uri, kept_rows
+from spark.ingest import COPIES, DISPOSITION, EVENTS, classify_lines, deduplicated, kept_rows
 from spark.outputs import table_path, write_text
 from spark.schema import CORRUPT_RECORD, with_corrupt_record
 from spark.timeline import request_timeline
@@ -200,19 +198,8 @@ class Follower:
             },
         }
         view = now_view.now_view(requests, state.newest_us, self.options.rules, progress)
-        self._replace_text("now.json", now_view.as_json(view))
-        self._replace_text("now.html", now_view.as_html(view))
-
-    def _replace_text(self, name: str, text: str) -> None:
-        """A reader never sees the file half-written: written aside, then renamed (local output)."""
-        if is_uri(self.out):
-            write_text(self.spark, self.out, name, text)
-            return
-        path = Path(table_path(self.out, name).removeprefix("file://"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        aside = path.with_name(f".{name}.{os.getpid()}")
-        aside.write_text(text, encoding="utf-8")
-        os.replace(aside, path)
+        write_text(self.spark, self.out, "now.json", now_view.as_json(view))
+        write_text(self.spark, self.out, "now.html", now_view.as_html(view))
 
     def _state_before(self, batch_id: int) -> FollowState:
         if self._last is not None and self._last[0] == batch_id - 1:

@@ -17,6 +17,12 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from spark.progress import Progress
 
 if __name__ == "__main__" and not __package__:
     # spark-submit runs this file as a script: import the package from its parent directory, and keep the
@@ -100,20 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         return follow(args)
 
     from spark.ingest import resolve_paths
-    from spark.jit import driver_compilers
     from spark.job import MineOptions, run
     from spark.partitioning import local_input_bytes
     from spark.progress import Progress
-    from spark.session import build_session
 
     progress = Progress()
     started = time.monotonic()
-    with progress.stage("start Spark") as stage:
-        size = local_input_bytes(resolve_paths([*args.events, *args.backlog])[0])
-        spark = build_session(args.master, args.driver_memory, size)
-        context = spark.sparkContext
-        cores = f"{context.defaultParallelism} cores"
-        stage.detail = f"master {context.master}, {cores}, driver with {driver_compilers(spark)}"
+    size = local_input_bytes(resolve_paths([*args.events, *args.backlog])[0])
+    spark = start_spark(progress, args.master, args.driver_memory, size)
     try:
         options = MineOptions(
             events=args.events,
@@ -133,6 +133,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def start_spark(
+    progress: Progress, master: str | None, driver_memory: str, input_bytes: int | None
+) -> SparkSession:
+    """The job's session, its start timed and described on the terminal."""
+    from spark.jit import driver_compilers
+    from spark.session import build_session
+
+    with progress.stage("start Spark") as stage:
+        spark = build_session(master, driver_memory, input_bytes)
+        context = spark.sparkContext
+        cores = f"{context.defaultParallelism} cores"
+        stage.detail = f"master {context.master}, {cores}, driver with {driver_compilers(spark)}"
+    return spark
+
+
 def follow(args: argparse.Namespace) -> int:
     """Follow one event log directory until Ctrl-C or SIGTERM; 0 when stopped so."""
     if len(args.events) != 1 or args.backlog or args.since is not None or args.until is not None:
@@ -142,19 +157,13 @@ def follow(args: argparse.Namespace) -> int:
         )
         return 2
     from spark.follow import FollowOptions, start
-    from spark.jit import driver_compilers
     from spark.progress import Progress
-    from spark.session import build_session
 
     progress = Progress()
-    with progress.stage("start Spark") as stage:
-        # A job that runs for days: its JVM keeps both compilers (input_bytes unknown).
-        spark = build_session(args.master, args.driver_memory, None)
-        context = spark.sparkContext
-        cores = f"{context.defaultParallelism} cores"
-        stage.detail = f"master {context.master}, {cores}, driver with {driver_compilers(spark)}"
+    # A job that runs for days: its JVM keeps both compilers (input size unknown).
+    spark = start_spark(progress, args.master, args.driver_memory, None)
     # Micro-batches are small: one partition per core (Spark's default of 200 is for large shuffles).
-    partitions = args.shuffle_partitions or context.defaultParallelism
+    partitions = args.shuffle_partitions or spark.sparkContext.defaultParallelism
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     options = FollowOptions(
         events=args.events[0],

@@ -57,7 +57,7 @@ def errors_per_minute(events: DataFrame, first_us: int | None = None, end_us: in
     )
     keyed = errors.select(
         minute_of(F.col(ev.TS)).alias(MINUTE),
-        F.coalesce(F.col(ev.DST), F.when(F.col(ev.EVENT) == ev.REJECTED, F.col(ev.SITE))).alias(ev.DST),
+        failures.error_destination().alias(ev.DST),
         F.col(ev.EVENT),
         failures.error_cause().alias("cause"),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -25,12 +26,15 @@ def write_table(frame: DataFrame, out: str, name: str, single_file: bool = False
 
 
 def write_text(spark: SparkSession, out: str, name: str, text: str) -> str:
-    """Write a UTF-8 file next to the tables (through Hadoop's file system for URIs)."""
+    """Write a UTF-8 file next to the tables (through Hadoop's file system for URIs). A local file is
+    written aside and renamed into place: a reader (a browser reloading it) never sees it half-written."""
     path = table_path(out, name)
     if not is_uri(out):
         local = Path(path.removeprefix("file://"))
         local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_text(text, encoding="utf-8")
+        aside = local.with_name(f".{local.name}.{os.getpid()}")
+        aside.write_text(text, encoding="utf-8")
+        os.replace(aside, local)
         return str(local)
     jvm = spark.sparkContext._jvm
     assert jvm is not None, "the job's SparkContext has a JVM"
