@@ -10,18 +10,17 @@ against the baseline's. A judgement needs enough requests on both sides to mean 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from spark.anomaly_rules import MINUTE_US, AnomalyRules
 from spark.latency import ACCURACY
 from wire import event_schema as ev
 
 SLOWER: Final = "slower"  # p99 end to end several times the baseline's
 FAILING: Final = "failing"  # failed or unanswered share several times the baseline's
-MINUTE_US: Final = 60_000_000
 END: Final = "_end"  # the time of a judgement
 COLUMNS: Final = (
     "kind",
@@ -33,24 +32,6 @@ COLUMNS: Final = (
     "baseline_value",
     "ratio",
 )
-
-
-@dataclass(frozen=True)
-class AnomalyRules:
-    recent_minutes: int = 3
-    baseline_minutes: int = 60
-    # A (dst, cmd) is SLOWER when its recent p99 is at least this many times its baseline p99 ...
-    latency_factor: float = 3.0
-    # ... and a destination FAILING when its recent share of failed or expired requests is at least
-    # error_share and at least error_factor times its baseline share.
-    error_share: float = 0.1
-    error_factor: float = 3.0
-    # Requests with an outcome needed on each side for a judgement.
-    min_recent: int = 30
-    min_baseline: int = 50
-
-    def baseline_start_us(self, end_us: int) -> int:
-        return end_us - (self.recent_minutes + self.baseline_minutes) * MINUTE_US
 
 
 def outcome_ts() -> Column:
@@ -121,7 +102,7 @@ def _slower(window: DataFrame, rules: AnomalyRules) -> DataFrame:
         (F.percentile_approx("_p99", 0.5, ACCURACY) / 1000.0).alias("baseline_value"),
     )
     stats = recent.join(baseline, on=list(keys))
-    ratio = F.col("recent_value") / F.col("baseline_value")
+    ratio = F.try_divide(F.col("recent_value"), F.col("baseline_value"))
     judged = stats.where(
         (F.col("recent_requests") >= rules.min_recent)
         & (F.col("baseline_requests") >= rules.min_baseline)
@@ -133,7 +114,8 @@ def _slower(window: DataFrame, rules: AnomalyRules) -> DataFrame:
 
 def _share(recent: bool) -> Column:
     failed = F.count(F.when(_side(recent) & F.col("_failed"), True))
-    return failed / F.count(F.when(_side(recent), True))
+    # None for a side without requests (which is then not judged).
+    return F.try_divide(failed, F.count(F.when(_side(recent), True)))
 
 
 def _failing(window: DataFrame, rules: AnomalyRules) -> DataFrame:
@@ -144,8 +126,8 @@ def _failing(window: DataFrame, rules: AnomalyRules) -> DataFrame:
         _share(False).alias("baseline_value"),
     )
     # A baseline without failures counts as one failure in its requests, so that a jump from none is judged.
-    floor = F.greatest(F.col("baseline_value"), 1.0 / F.col("baseline_requests"))
-    ratio = F.col("recent_value") / floor
+    floor = F.greatest(F.col("baseline_value"), F.try_divide(F.lit(1.0), F.col("baseline_requests")))
+    ratio = F.try_divide(F.col("recent_value"), floor)
     judged = stats.where(
         (F.col("recent_requests") >= rules.min_recent)
         & (F.col("baseline_requests") >= rules.min_baseline)

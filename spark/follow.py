@@ -4,7 +4,8 @@ The stream takes each complete file once (``*.jsonl``: a daemon names a file so 
 and hands each micro-batch to :class:`Follower`, which
 
 1. parses its lines as the batch job does (malformed lines counted and skipped, exact copies dropped) and
-   keeps them in ``OUT/kept_events/batch=N``;
+   keeps them in ``OUT/kept_events/batch=N``, for as long as a later batch may look back to them (the
+   anomalies' windows and ``lookback_s``);
 2. moves the watermark: the newest event time read, less ``watermark_s``. A minute closes once the watermark
    is past its end; an event that comes for a minute already closed is counted as *late* and left out of
    that minute. Sites' clocks differ by tens of milliseconds, and a file reaches the stream when it is
@@ -25,13 +26,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from spark import anomalies, minutes, now_view
+from spark.anomaly_rules import MINUTE_US, AnomalyRules
 from spark.ingest import COPIES, DISPOSITION, EVENTS, classify_lines, deduplicated, kept_rows
 from spark.outputs import table_path, write_text
 from spark.schema import CORRUPT_RECORD, with_corrupt_record
@@ -43,7 +45,6 @@ EVENTS_STORE: Final = "kept_events"
 STATE: Final = "follow_state"
 ANOMALIES: Final = "anomalies"
 BATCH: Final = "batch"
-MINUTE_US: Final = anomalies.MINUTE_US
 QUERY_NAME: Final = "msgbus-follow"
 
 
@@ -55,7 +56,7 @@ class FollowOptions:
     trigger_s: float = 5.0
     watermark_s: float = 30.0
     lookback_s: float = 3600.0
-    rules: anomalies.AnomalyRules = field(default_factory=anomalies.AnomalyRules)
+    rules: AnomalyRules = field(default_factory=AnomalyRules)
 
 
 @dataclass
@@ -70,6 +71,9 @@ class FollowState:
     late: int = 0
     malformed: dict[str, int] = field(default_factory=dict)
     batches: int = 0
+    # The batches whose kept events are still stored, each with the newest time read once it was done:
+    # none of its events is newer.
+    stored: list[tuple[int, int]] = field(default_factory=list)
 
 
 def minute_floor(ts_us: int) -> int:
@@ -122,6 +126,7 @@ class Follower:
             rules.baseline_start_us(state.newest_us),
             state.newest_us - now_view.WINDOW_S * 1_000_000,
         ) - int(self.options.lookback_s * 1e6)
+        self._let_go(state, since)
         events = self._events(batch_id, since).persist()
         requests = request_timeline(events).persist()
         try:
@@ -164,7 +169,17 @@ class Follower:
         finally:
             distinct.unpersist()
         state.batches += 1
+        if state.newest_us is not None:
+            state.stored.append((batch_id, state.newest_us))
         return None if first is None else int(first)
+
+    def _let_go(self, state: FollowState, since_us: int) -> None:
+        """Delete the kept events of the batches that hold none from ``since_us`` on: no batch from this one
+        on looks that far back (``since_us`` only moves forward), so a job that runs for days reads an
+        hour or so of events per micro-batch, not all it ever read."""
+        for batch in events_older_than(state.stored, since_us):
+            self._delete(self._batch_path(EVENTS_STORE, batch))
+        state.stored = [(batch, newest) for batch, newest in state.stored if newest >= since_us]
 
     def _events(self, batch_id: int, since_us: int) -> DataFrame:
         """Every event kept by the batches up to ``batch_id`` (not by a later one: a batch done again after
@@ -194,7 +209,7 @@ class Follower:
             **{
                 key: value
                 for key, value in asdict(state).items()
-                if key not in ("newest_us", "closed_until_us")
+                if key not in ("newest_us", "closed_until_us", "stored")
             },
         }
         view = now_view.now_view(requests, state.newest_us, self.options.rules, progress)
@@ -203,28 +218,50 @@ class Follower:
 
     def _state_before(self, batch_id: int) -> FollowState:
         if self._last is not None and self._last[0] == batch_id - 1:
-            return FollowState(**asdict(self._last[1]))
+            return _copy(self._last[1])
         if not self._exists(table_path(self.out, STATE)):
             return FollowState()
         saved = self.spark.read.parquet(table_path(self.out, STATE))
         rows = saved.where(F.col(BATCH) < batch_id).orderBy(F.col(BATCH).desc()).limit(1).collect()
-        return FollowState(**json.loads(rows[0]["state"])) if rows else FollowState()
+        return _copy(FollowState(**json.loads(rows[0]["state"]))) if rows else FollowState()
 
     def _save(self, batch_id: int, state: FollowState) -> None:
         row = self.spark.createDataFrame([(json.dumps(asdict(state)),)], "state string")
         row.coalesce(1).write.mode("overwrite").parquet(self._batch_path(STATE, batch_id))
-        self._last = (batch_id, FollowState(**asdict(state)))
+        self._last = (batch_id, _copy(state))
+        # A batch done again reads the state of the batch before it: older ones are not read again.
+        if batch_id >= 2:
+            self._delete(self._batch_path(STATE, batch_id - 2))
 
     def _exists(self, path: str) -> bool:
+        file_system, hadoop_path = self._hadoop(path)
+        return bool(file_system.exists(hadoop_path))
+
+    def _delete(self, path: str) -> None:
+        file_system, hadoop_path = self._hadoop(path)
+        file_system.delete(hadoop_path, True)
+
+    def _hadoop(self, path: str) -> tuple[Any, Any]:
+        """The Hadoop file system of ``path`` (local, HDFS, S3 ...) and the path as it knows it."""
         jvm = self.spark.sparkContext._jvm
         assert jvm is not None, "the job's SparkContext has a JVM"
         hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-        return bool(
-            hadoop_path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration()).exists(hadoop_path)
-        )
+        return hadoop_path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration()), hadoop_path
 
     def _batch_path(self, name: str, batch_id: int) -> str:
         return f"{table_path(self.out, name)}/{BATCH}={batch_id}"
+
+
+def events_older_than(stored: list[tuple[int, int]], since_us: int) -> list[int]:
+    """The batches of ``stored`` (batch, newest time read once it was done) with no event from ``since_us``
+    on."""
+    return [batch for batch, newest in stored if newest < since_us]
+
+
+def _copy(state: FollowState) -> FollowState:
+    copied = FollowState(**asdict(state))
+    copied.stored = [(int(batch), int(newest)) for batch, newest in copied.stored]
+    return copied
 
 
 def read_table(spark: SparkSession, out: str, name: str) -> DataFrame:

@@ -28,7 +28,7 @@ def _stats(value_us: Column) -> list[Column]:
     ]
 
 
-def _stat_columns() -> list[Column]:
+def stat_columns() -> list[Column]:
     return [
         F.col("samples"),
         *(
@@ -43,7 +43,7 @@ def latency_stats(frame: DataFrame, value_us: str, keys: Sequence[str]) -> DataF
     """Per ``keys``: samples (non-null values) and p50/p90/p99/max of ``value_us`` in milliseconds."""
     measured = frame.where(F.col(value_us).isNotNull())
     grouped = measured.groupBy(*keys).agg(*_stats(F.col(value_us)))
-    return grouped.select(*keys, *_stat_columns())
+    return grouped.select(*keys, *stat_columns())
 
 
 def with_hour(requests: DataFrame) -> DataFrame:
@@ -88,7 +88,7 @@ def hop_latency(
         *_stats(F.col("value_us")), F.count(F.when(F.col("_cross"), True)).alias("cross_host")
     )
     return grouped.where((F.col("samples") > 0) | (F.col("cross_host") > 0)).select(
-        *keys, "hop", *_stat_columns(), "cross_host"
+        *keys, "hop", *stat_columns(), "cross_host"
     )
 
 

@@ -19,6 +19,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark.anomaly_rules import AnomalyRules
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -92,7 +94,30 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how far back a request's first events are looked for (its longest lifetime)",
     )
+    rules = p.add_argument_group(
+        "anomalies (--follow): the recent minutes judged against the baseline minutes before them"
+    )
+    defaults = AnomalyRules()
+    for flag, name, kind, metavar, explained in RULE_FLAGS:
+        default = getattr(defaults, name)
+        rules.add_argument(flag, dest=name, type=kind, default=default, metavar=metavar, help=explained)
     return p
+
+
+# The flags of AnomalyRules: flag, field, type, metavar, help.
+RULE_FLAGS: tuple[tuple[str, str, type, str, str | None], ...] = (
+    ("--recent-minutes", "recent_minutes", int, "N", None),
+    ("--baseline-minutes", "baseline_minutes", int, "N", None),
+    ("--slower-factor", "latency_factor", float, "X", "slower: recent p99 at least X times the usual p99"),
+    ("--failing-share", "error_share", float, "SHARE", "failing: recent share failed or expired at least"),
+    ("--failing-factor", "error_factor", float, "X", "... and at least X times the baseline's share"),
+    ("--min-recent", "min_recent", int, "N", "requests needed in the recent minutes for a judgement"),
+    ("--min-baseline", "min_baseline", int, "N", "requests needed in the baseline for a judgement"),
+)
+
+
+def anomaly_rules(args: argparse.Namespace) -> AnomalyRules:
+    return AnomalyRules(**{name: getattr(args, name) for _, name, *_ in RULE_FLAGS})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +181,14 @@ def follow(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    rules = anomaly_rules(args)
+    if min(rules.recent_minutes, rules.baseline_minutes, rules.min_recent, rules.min_baseline) < 1:
+        print(
+            "msgbus-mine: --recent-minutes, --baseline-minutes, --min-recent and --min-baseline must be at "
+            "least 1",
+            file=sys.stderr,
+        )
+        return 2
     from spark.follow import FollowOptions, start
     from spark.progress import Progress
 
@@ -172,6 +205,7 @@ def follow(args: argparse.Namespace) -> int:
         trigger_s=args.trigger,
         watermark_s=args.watermark,
         lookback_s=args.lookback,
+        rules=rules,
     )
     query = start(spark, options)
     progress.note(

@@ -8,11 +8,13 @@ import json
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from spark import anomalies
-from spark.latency import latency_stats
+from spark.anomaly_rules import AnomalyRules
+from spark.latency import ACCURACY, PERCENTILES, STAT_COLUMNS, stat_columns
 from spark.timeline import NO_OUTCOME
 from wire import event_schema as ev
 
@@ -28,31 +30,44 @@ def iso(ts_us: int | None) -> str | None:
 
 
 def _rows(frame: DataFrame, limit: int) -> list[dict[str, Any]]:
-    return [
-        {key: round(value, 3) if isinstance(value, float) else value for key, value in row.asDict().items()}
-        for row in frame.limit(limit).collect()
-    ]
+    return [_rounded(row.asDict()) for row in frame.limit(limit).collect()]
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: round(value, 3) if isinstance(value, float) else value for key, value in row.items()}
 
 
 def now_view(
-    requests: DataFrame, newest_us: int, rules: anomalies.AnomalyRules, progress: dict[str, Any]
+    requests: DataFrame, newest_us: int, rules: AnomalyRules, progress: dict[str, Any]
 ) -> dict[str, Any]:
-    """What the view shows, as of ``newest_us`` (the newest event read): the last WINDOW_S seconds."""
+    """What the view shows, as of ``newest_us`` (the newest event read): the last WINDOW_S seconds.
+
+    Three Spark jobs: the slowest destinations and commands, the errors and the number unanswered come from
+    one aggregation (per (dst, cmd), per dst and in all), of which only the rows shown are brought back; the
+    longest unanswered; the anomalies."""
     start = newest_us - WINDOW_S * 1_000_000
-    answered = requests.where(anomalies.outcome_ts() >= start)
-    delivered = answered.where(F.col("end_to_end_us").isNotNull())
-    by_dst = latency_stats(delivered, "end_to_end_us", (ev.DST,))
-    by_cmd = latency_stats(delivered, "end_to_end_us", (ev.DST, ev.CMD))
-    failed = F.col("outcome").isin(ev.FAILED, ev.EXPIRED)
-    errors = answered.groupBy(ev.DST).agg(
-        F.count(F.lit(1)).alias("requests"),
-        F.count(F.when(F.col("outcome") == ev.FAILED, True)).alias("failed"),
-        F.count(F.when(F.col("outcome") == ev.EXPIRED, True)).alias("expired"),
-        (F.count(F.when(failed, True)) / F.count(F.lit(1))).alias("error_share"),
+    answered = anomalies.outcome_ts() >= start
+    waiting = (F.col("outcome") == NO_OUTCOME) & (
+        F.col("accepted_ts") <= newest_us - IN_FLIGHT_AFTER_S * 1_000_000
     )
-    waiting = requests.where(
-        (F.col("outcome") == NO_OUTCOME) & (F.col("accepted_ts") <= newest_us - IN_FLIGHT_AFTER_S * 1_000_000)
-    ).select(
+    summary = _summary(requests.where(answered | waiting), answered, waiting)
+    shown = summary.where((F.col("_slow_rank") <= TOP) | (F.col("_error_rank") <= TOP) | F.col("_all"))
+    per_dst: list[dict[str, Any]] = []
+    per_cmd: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    unanswered_count = 0
+    for row in shown.collect():
+        if row["_all"]:
+            unanswered_count = int(row["unanswered"])
+            continue
+        if row["_slow_rank"] is not None and row["_slow_rank"] <= TOP:
+            latency = {key: row[key] for key in (ev.DST, ev.CMD, *STAT_COLUMNS)}
+            if row["_per_dst"]:
+                del latency[ev.CMD]
+            (per_dst if row["_per_dst"] else per_cmd).append(_rounded(latency))
+        if row["_error_rank"] is not None and row["_error_rank"] <= TOP:
+            errors.append(_rounded({key: row[key] for key in (ev.DST, *ERROR_COLUMNS)}))
+    unanswered = requests.where(waiting).select(
         ev.SRC,
         ev.UID,
         ev.DST,
@@ -65,13 +80,57 @@ def now_view(
         "as_of": iso(newest_us),
         "window_s": WINDOW_S,
         "anomalies": _rows(found.orderBy(F.col("ratio").desc()), 100),
-        "slowest_destinations": _rows(by_dst.orderBy(F.col("p99_ms").desc(), ev.DST), TOP),
-        "slowest_commands": _rows(by_cmd.orderBy(F.col("p99_ms").desc(), ev.DST, ev.CMD), TOP),
-        "errors": _rows(errors.where(F.col("error_share") > 0).orderBy(F.col("error_share").desc()), TOP),
-        "unanswered": _rows(waiting.orderBy(F.col("waiting_s").desc()), TOP),
-        "unanswered_count": waiting.count(),
+        "slowest_destinations": sorted(per_dst, key=lambda r: (-r["p99_ms"], r[ev.DST])),
+        "slowest_commands": sorted(per_cmd, key=lambda r: (-r["p99_ms"], r[ev.DST], r[ev.CMD])),
+        "errors": sorted(errors, key=lambda r: (-r["error_share"], r[ev.DST])),
+        "unanswered": _rows(unanswered.orderBy(F.col("waiting_s").desc()), TOP),
+        "unanswered_count": unanswered_count,
         "progress": progress,
     }
+
+
+ERROR_COLUMNS: Final = ("requests", "failed", "expired", "error_share")
+
+
+def _summary(window: DataFrame, answered: Column, waiting: Column) -> DataFrame:
+    """Per (dst, cmd), per dst (``_per_dst``) and in all (``_all``): the answered requests' latency end to
+    end (STAT_COLUMNS) and errors (ERROR_COLUMNS), and the number unanswered; ``_slow_rank`` and
+    ``_error_rank`` rank the rows of each level, slowest and most failing first."""
+    end_to_end = F.when(answered, F.col("end_to_end_us"))
+    failed = answered & F.col("outcome").isin(ev.FAILED, ev.EXPIRED)
+    grouped = window.rollup(ev.DST, ev.CMD).agg(
+        F.grouping(ev.DST).cast("boolean").alias("_all"),
+        F.grouping(ev.CMD).cast("boolean").alias("_per_dst"),
+        F.count(end_to_end).alias("samples"),
+        F.percentile_approx(end_to_end, list(PERCENTILES), ACCURACY).alias("_p"),
+        F.max(end_to_end).alias("_max"),
+        F.count(F.when(answered, True)).alias("requests"),
+        F.count(F.when(answered & (F.col("outcome") == ev.FAILED), True)).alias("failed"),
+        F.count(F.when(answered & (F.col("outcome") == ev.EXPIRED), True)).alias("expired"),
+        F.try_divide(F.count(F.when(failed, True)), F.count(F.when(answered, True))).alias("error_share"),
+        F.count(F.when(waiting, True)).alias("unanswered"),
+    )
+    stats = grouped.select(
+        ev.DST,
+        ev.CMD,
+        "_all",
+        "_per_dst",
+        *stat_columns(),
+        *ERROR_COLUMNS,
+        "unanswered",
+    )
+    level = Window.partitionBy("_all", "_per_dst")
+    slow_rank = F.when(
+        ~F.col("_all") & (F.col("samples") > 0),
+        F.row_number().over(
+            level.orderBy((F.col("samples") > 0).desc(), F.col("p99_ms").desc(), ev.DST, ev.CMD)
+        ),
+    )
+    error_rank = F.when(
+        F.col("_per_dst") & ~F.col("_all") & (F.col("error_share") > 0),
+        F.row_number().over(level.orderBy(F.col("error_share").desc_nulls_last(), ev.DST)),
+    )
+    return stats.withColumn("_slow_rank", slow_rank).withColumn("_error_rank", error_rank)
 
 
 def as_json(view: dict[str, Any]) -> str:

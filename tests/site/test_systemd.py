@@ -128,6 +128,7 @@ def test_the_follow_unit_runs_the_job_as_the_site_user_and_lets_its_micro_batch_
     ]
     assert value(unit, "Service", "EnvironmentFile") == "/etc/msgbus/msgbus-follow.env"
     assert value(unit, "Service", "KillSignal") == "SIGTERM"
+    assert value(unit, "Service", "KillMode") == "mixed", "the JVM is stopped by the job, not by systemd"
     assert seconds(value(unit, "Service", "TimeoutStopSec")) > STOP_WAIT_S
     assert value(unit, "Service", "User") == "msgbus" and value(unit, "Service", "Restart") == "on-failure"
     assert value(unit, "Service", "StateDirectory") == "msgbus"

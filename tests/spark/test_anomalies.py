@@ -9,7 +9,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from spark.anomalies import FAILING, SLOWER, AnomalyRules, judge, judge_minutes
+from spark.anomalies import FAILING, SLOWER, judge, judge_minutes
+from spark.anomaly_rules import AnomalyRules
 from spark.timeline import request_timeline
 from tests.spark.frames import T0, event, events_frame, round_trip
 from wire import event_schema as ev

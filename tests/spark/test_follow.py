@@ -16,8 +16,9 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from spark import minutes
-from spark.anomalies import FAILING, SLOWER, AnomalyRules
-from spark.follow import ANOMALIES, Follower, FollowOptions, read_table, start
+from spark.anomalies import FAILING, SLOWER
+from spark.anomaly_rules import AnomalyRules
+from spark.follow import ANOMALIES, Follower, FollowOptions, events_older_than, read_table, start
 from spark.schema import event_schema, with_corrupt_record
 from tests.spark.follow_logs import (
     FAST,
@@ -64,6 +65,12 @@ class Followed:
         self.query.stop()
         self.query = start(self.spark, self.options)
 
+    def files_of(self, batch: int) -> list[str]:
+        """The files the stream read in micro-batch ``batch``, from its checkpoint (the files written at
+        once may come in one micro-batch or in two)."""
+        entries = Path(self.options.checkpoint, "sources", "0", str(batch)).read_text().splitlines()[1:]
+        return [str(json.loads(entry)["path"]) for entry in entries]
+
     def now(self) -> dict[str, Any]:
         return dict(json.loads(Path(self.out, "now.json").read_text()))
 
@@ -101,18 +108,12 @@ def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_desti
     write_log(followed.logs, "b2", [round_trip(START + 10 * MINUTE, uid="2.dup")[0]])
     followed.catch_up()
     # A crash in the middle of the last micro-batch: started again, Spark does it again whole, with the same
-    # files, in a new process (a Follower that has to read its state back); then the stream goes on from
-    # its checkpoint.
+    # files (its checkpoint lists them), in a new process (a Follower that has to read its state back); then
+    # the stream goes on from its checkpoint.
     followed.query.stop()
-    again = followed.spark.read.schema(followed.query_input_schema).json(
-        [
-            str(followed.logs / f"events-{site}-{name}.jsonl")
-            for site in (1, 2, 3)
-            for name in ("b", "b2")
-            if (followed.logs / f"events-{site}-{name}.jsonl").exists()
-        ]
-    )
-    Follower(followed.spark, followed.options).handle(again, followed.last_batch)
+    last = followed.last_batch
+    again = followed.spark.read.schema(followed.query_input_schema).json(followed.files_of(last))
+    Follower(followed.spark, followed.options).handle(again, last)
     followed.restart()
     write_log(followed.logs, "c", traffic(15, 20))
     followed.catch_up()
@@ -122,7 +123,7 @@ def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_desti
     assert progress["late"] == 0
     assert progress["malformed"] == {"not valid JSON for the schema": 1}
     assert progress["duplicates"] == 1
-    assert progress["batches"] == 3, "the batch done again is counted once"
+    assert progress["batches"] == followed.last_batch + 1, "the batch done again is counted once"
     assert closed_until(now) == START + 18 * MINUTE
 
     # Minute by minute, what the batch job computes over the same files (the minutes closed so far).
@@ -145,3 +146,14 @@ def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_desti
     assert {row["dst"] for row in now["errors"]} == {SLOW}
     assert 'http-equiv="refresh"' in Path(followed.out, "now.html").read_text()
     assert FAILING not in {row["kind"] for row in found.collect()}
+    # A batch done again reads the state of the one before it: older states are let go.
+    states = sorted(path.name for path in Path(followed.out, "follow_state").glob("batch=*"))
+    assert states == [f"batch={followed.last_batch - 1}", f"batch={followed.last_batch}"]
+
+
+def test_a_batch_whose_events_are_all_older_than_the_batches_look_back_is_let_go() -> None:
+    # (batch, the newest event time read once it was done): a batch holds nothing newer.
+    stored = [(0, 100), (1, 250), (2, 250), (3, 400)]
+    assert events_older_than(stored, 250) == [0]
+    assert events_older_than(stored, 251) == [0, 1, 2]
+    assert events_older_than(stored, 50) == []
