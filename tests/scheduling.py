@@ -18,9 +18,8 @@ SHARED_SPARK_SESSION = "tests/spark"
 # Spark modules that start JVMs of their own: they gain nothing from the shared session's worker.
 OWN_JVMS = {
     "tests/spark/test_cluster.py",
-    "tests/spark/test_demo_mine.py",
-    # Its JVMs are its own; alone it takes as long as the shared session's other modules together.
-    "tests/spark/test_follow_restart.py",
+    # Its JVMs are its own; alone it takes about as long as the shared session's other modules together.
+    "tests/spark/test_follow_sites.py",
 }
 
 # Modules without module-scoped fixtures whose tests are long: each test is a scope of its own, so that
@@ -36,14 +35,13 @@ LONGEST_FIRST = [
     SHARED_SPARK_SESSION,
     "tests/site/test_big_backlog.py",
     "tests/spark/test_cluster.py",
-    "tests/spark/test_follow_restart.py",
+    "tests/spark/test_follow_sites.py",
     "tests/site/test_two_sites.py",
     "tests/router/test_e2e.py",
     "tests/door/test_fuzz_door.py",
     "tests/site/test_daemon_cli.py",
     "tests/sending/test_relays.py",
     "tests/sending/test_links.py",
-    "tests/spark/test_demo_mine.py",
     "tests/site/test_processes.py",
     "tests/sending/test_uplinks.py",
     "tests/sending/test_many_down.py",

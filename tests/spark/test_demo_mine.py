@@ -28,7 +28,7 @@ def test_the_demo_logs_events_that_mine_turns_into_a_report(spark: SparkSession,
     assert f"msgbus mine --events '{events}/*.jsonl'" in demo.stdout
     assert sorted(path.name.split("-")[1] for path in events.glob("events-*.jsonl")) == ["1", "2"]
 
-    # The job in this process's session (its command line runs in the cluster and spark-submit tests).
+    # The job in this process's session (its command lines run in the cluster test).
     out = tmp_path / "report"
     terminal = io.StringIO()
     run(spark, MineOptions(events=[f"{events}/*.jsonl"], backlog=[], out=str(out)), Progress(terminal))

@@ -3,9 +3,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +10,9 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from spark import generate
-from spark.jit import C1_ONLY
+from spark.anomaly_rules import AnomalyRules
 from spark.job import MineOptions, run
-from spark.mine import instant_us, main
+from spark.mine import anomaly_rules, instant_us, main, parser
 from spark.progress import Progress
 from spark.synthetic_events import MALFORMED_LINES
 from tests.spark.frames import T0
@@ -114,40 +111,6 @@ def test_an_empty_window_is_refused_before_spark_starts(capsys: pytest.CaptureFi
     assert "--since must be before --until" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_spark_submit_runs_the_job(logs: Path, tmp_path: Path) -> None:
-    spark_submit = str(Path(sys.executable).parent / "spark-submit")
-    args = [
-        "--events",
-        str(logs / "events"),
-        "--out",
-        str(tmp_path),
-        "--master",
-        "local[2]",
-        "--driver-memory",
-        "1g",
-    ]
-    # spark-submit passes the driver's stderr on through its stdout.
-    env = os.environ | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    # A small input: C1 alone, as docs/mining.md tells spark-submit's users (the job leaves spark-submit's
-    # driver options alone).
-    c1_driver = ["--conf", f"spark.driver.defaultJavaOptions={C1_ONLY}"]
-    done = subprocess.run(
-        [spark_submit, *c1_driver, "spark/mine.py", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    terminal = done.stdout + done.stderr
-    assert done.returncode == 0, terminal
-    assert "read events: " in terminal and "done in " in terminal
-    assert "driver with C1 alone" in terminal, "spark-submit's flags decide, as the running JVM says"
-    assert "- backlog snapshots: none given" in (tmp_path / "summary.md").read_text()
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -169,3 +132,29 @@ def test_msgbus_mine_passes_its_arguments_to_the_job(capsys: pytest.CaptureFixtu
     result = CliRunner().invoke(app, ["mine", "--follow", "--events", "a", "b", "--out", "y"])
     assert result.exit_code == 2
     assert "--follow takes one --events directory" in capsys.readouterr().err + result.output
+
+
+def test_anomaly_rules_are_set_on_the_command_line() -> None:
+    follow = ["--follow", "--events", "a", "--out", "y"]
+    windows = ["--recent-minutes", "1", "--baseline-minutes", "2"]
+    samples = ["--min-recent", "20", "--min-baseline", "15"]
+    bounds = ["--slower-factor", "4", "--failing-share", "0.2", "--failing-factor", "5"]
+    args = parser().parse_args([*follow, *windows, *samples, *bounds])
+    assert anomaly_rules(args) == AnomalyRules(
+        recent_minutes=1,
+        baseline_minutes=2,
+        latency_factor=4.0,
+        error_share=0.2,
+        error_factor=5.0,
+        min_recent=20,
+        min_baseline=15,
+    )
+    defaults = parser().parse_args(["--follow", "--events", "a", "--out", "y"])
+    assert anomaly_rules(defaults) == AnomalyRules()
+
+
+def test_anomaly_windows_of_no_minute_are_refused_before_spark_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--follow", "--events", "a", "--out", "y", "--recent-minutes", "0"]) == 2
+    assert "--recent-minutes, --baseline-minutes" in capsys.readouterr().err

@@ -76,9 +76,10 @@ def push_request(
     exp: int = 0,
     retries: int = 0,
     rpush: bool = False,
+    ret: str | None = None,
 ) -> str:
-    """Push a request as a client does; returns its return queue."""
-    ret = str(uuid.uuid4())
+    """Push a request as a client does; returns its return queue (a new one unless ``ret`` is given)."""
+    ret = ret or str(uuid.uuid4())
     env = Envelope(
         cmd=cmd,
         dst=tuple(dst),
