@@ -61,12 +61,14 @@ class FollowProcess:
         command += ["--slower-factor", str(SLOWER_FACTOR)]
         command += ["--driver-memory", "1g", "--shuffle-partitions", "2"]
         self.log = out.parent / f"follow-{time.monotonic_ns()}.log"
+        # Added to the options the tests' JVMs may have (make test's archive of Spark's classes).
+        jvm_options = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {C1_ONLY}".strip()
         with open(self.log, "wb") as log:
             # A session of its own: killed, it goes with its JVM, as on a crash of the machine.
             self.process = subprocess.Popen(
                 command,
                 cwd=REPO,
-                env=os.environ | {"JAVA_TOOL_OPTIONS": C1_ONLY},
+                env=os.environ | {"JAVA_TOOL_OPTIONS": jvm_options},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
