@@ -73,7 +73,7 @@ class FollowState:
     batches: int = 0
     # The batches whose kept events are still stored, each with the newest time read once it was done:
     # none of its events is newer.
-    stored: list[tuple[int, int]] = field(default_factory=list)
+    stored: list[list[int]] = field(default_factory=list)
 
 
 def minute_floor(ts_us: int) -> int:
@@ -170,7 +170,7 @@ class Follower:
             distinct.unpersist()
         state.batches += 1
         if state.newest_us is not None:
-            state.stored.append((batch_id, state.newest_us))
+            state.stored.append([batch_id, state.newest_us])
         return None if first is None else int(first)
 
     def _let_go(self, state: FollowState, since_us: int) -> None:
@@ -179,7 +179,7 @@ class Follower:
         hour or so of events per micro-batch, not all it ever read."""
         for batch in events_older_than(state.stored, since_us):
             self._delete(self._batch_path(EVENTS_STORE, batch))
-        state.stored = [(batch, newest) for batch, newest in state.stored if newest >= since_us]
+        state.stored = [[batch, newest] for batch, newest in state.stored if newest >= since_us]
 
     def _events(self, batch_id: int, since_us: int) -> DataFrame:
         """Every event kept by the batches up to ``batch_id`` (not by a later one: a batch done again after
@@ -218,17 +218,17 @@ class Follower:
 
     def _state_before(self, batch_id: int) -> FollowState:
         if self._last is not None and self._last[0] == batch_id - 1:
-            return _copy(self._last[1])
+            return FollowState(**asdict(self._last[1]))
         if not self._exists(table_path(self.out, STATE)):
             return FollowState()
         saved = self.spark.read.parquet(table_path(self.out, STATE))
         rows = saved.where(F.col(BATCH) < batch_id).orderBy(F.col(BATCH).desc()).limit(1).collect()
-        return _copy(FollowState(**json.loads(rows[0]["state"]))) if rows else FollowState()
+        return FollowState(**json.loads(rows[0]["state"])) if rows else FollowState()
 
     def _save(self, batch_id: int, state: FollowState) -> None:
         row = self.spark.createDataFrame([(json.dumps(asdict(state)),)], "state string")
         row.coalesce(1).write.mode("overwrite").parquet(self._batch_path(STATE, batch_id))
-        self._last = (batch_id, _copy(state))
+        self._last = (batch_id, FollowState(**asdict(state)))
         # A batch done again reads the state of the batch before it: older ones are not read again.
         if batch_id >= 2:
             self._delete(self._batch_path(STATE, batch_id - 2))
@@ -252,16 +252,10 @@ class Follower:
         return f"{table_path(self.out, name)}/{BATCH}={batch_id}"
 
 
-def events_older_than(stored: list[tuple[int, int]], since_us: int) -> list[int]:
+def events_older_than(stored: list[list[int]], since_us: int) -> list[int]:
     """The batches of ``stored`` (batch, newest time read once it was done) with no event from ``since_us``
     on."""
     return [batch for batch, newest in stored if newest < since_us]
-
-
-def _copy(state: FollowState) -> FollowState:
-    copied = FollowState(**asdict(state))
-    copied.stored = [(int(batch), int(newest)) for batch, newest in copied.stored]
-    return copied
 
 
 def read_table(spark: SparkSession, out: str, name: str) -> DataFrame:

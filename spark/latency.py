@@ -20,7 +20,8 @@ PERCENTILES: Final = (0.5, 0.9, 0.99)
 STAT_COLUMNS: Final = ("samples", "p50_ms", "p90_ms", "p99_ms", "max_ms")
 
 
-def _stats(value_us: Column) -> list[Column]:
+def stat_aggregates(value_us: Column) -> list[Column]:
+    """The aggregates that ``stat_columns`` turns into STAT_COLUMNS."""
     return [
         F.count(value_us).alias("samples"),
         F.percentile_approx(value_us, list(PERCENTILES), ACCURACY).alias("_p"),
@@ -42,7 +43,7 @@ def stat_columns() -> list[Column]:
 def latency_stats(frame: DataFrame, value_us: str, keys: Sequence[str]) -> DataFrame:
     """Per ``keys``: samples (non-null values) and p50/p90/p99/max of ``value_us`` in milliseconds."""
     measured = frame.where(F.col(value_us).isNotNull())
-    grouped = measured.groupBy(*keys).agg(*_stats(F.col(value_us)))
+    grouped = measured.groupBy(*keys).agg(*stat_aggregates(F.col(value_us)))
     return grouped.select(*keys, *stat_columns())
 
 
@@ -85,7 +86,7 @@ def hop_latency(
     )
     long = requests.select(*keys, F.explode(entries).alias("_m")).select(*keys, "_m.*")
     grouped = long.groupBy(*keys, "hop").agg(
-        *_stats(F.col("value_us")), F.count(F.when(F.col("_cross"), True)).alias("cross_host")
+        *stat_aggregates(F.col("value_us")), F.count(F.when(F.col("_cross"), True)).alias("cross_host")
     )
     return grouped.where((F.col("samples") > 0) | (F.col("cross_host") > 0)).select(
         *keys, "hop", *stat_columns(), "cross_host"

@@ -14,7 +14,7 @@ from pyspark.sql.window import Window
 
 from spark import anomalies
 from spark.anomaly_rules import AnomalyRules
-from spark.latency import ACCURACY, PERCENTILES, STAT_COLUMNS, stat_columns
+from spark.latency import STAT_COLUMNS, stat_aggregates, stat_columns
 from spark.timeline import NO_OUTCOME
 from wire import event_schema as ev
 
@@ -101,9 +101,7 @@ def _summary(window: DataFrame, answered: Column, waiting: Column) -> DataFrame:
     grouped = window.rollup(ev.DST, ev.CMD).agg(
         F.grouping(ev.DST).cast("boolean").alias("_all"),
         F.grouping(ev.CMD).cast("boolean").alias("_per_dst"),
-        F.count(end_to_end).alias("samples"),
-        F.percentile_approx(end_to_end, list(PERCENTILES), ACCURACY).alias("_p"),
-        F.max(end_to_end).alias("_max"),
+        *stat_aggregates(end_to_end),
         F.count(F.when(answered, True)).alias("requests"),
         F.count(F.when(answered & (F.col("outcome") == ev.FAILED), True)).alias("failed"),
         F.count(F.when(answered & (F.col("outcome") == ev.EXPIRED), True)).alias("expired"),

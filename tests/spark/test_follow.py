@@ -153,7 +153,7 @@ def test_followed_logs_give_the_batch_tables_minute_by_minute_and_the_slow_desti
 
 def test_a_batch_whose_events_are_all_older_than_the_batches_look_back_is_let_go() -> None:
     # (batch, the newest event time read once it was done): a batch holds nothing newer.
-    stored = [(0, 100), (1, 250), (2, 250), (3, 400)]
+    stored = [[0, 100], [1, 250], [2, 250], [3, 400]]
     assert events_older_than(stored, 250) == [0]
     assert events_older_than(stored, 251) == [0, 1, 2]
     assert events_older_than(stored, 50) == []

@@ -46,9 +46,11 @@ WATERMARK_S = 15  # above the rotation period, with room for a daemon late to ro
 EVERY_S = 1.0  # a request a second each way
 # A minute of recent requests judged against the two before: a baseline in little more than a minute.
 RULES = ["--recent-minutes", "1", "--baseline-minutes", "2", "--min-recent", "20", "--min-baseline", "15"]
-# A loaded machine stretches a fast round trip's p99 several times over; the slow service's 2 s do more.
+# Each service works 100 ms on a request, so that a loaded machine's stalls (a round trip of a few ms
+# stretched to a hundred) do not make a p99 ten times its usual; the one that turns slow then takes 3 s.
 SLOWER_FACTOR = 10
-SLOW_SERVICE_S = 2.0
+SERVICE_S = 0.1
+SLOW_SERVICE_S = 3.0
 TURNS_SLOW, STAYS_FAST = 1, 2  # the destinations (twins); each is called by the other
 WAIT_S = 240.0
 BASELINE_S = 75
@@ -123,11 +125,11 @@ class Traffic(threading.Thread):
 
 
 class SwitchableService:
-    """A destination's service on three threads (the slow one takes longer than a request's interval)."""
+    """A destination's service on four threads (the slow one takes longer than a request's interval)."""
 
     def __init__(self, redis_url: str, cmd: str) -> None:
-        self.delay_s = 0.0
-        self.threads = [RawService(redis_url, cmd, handler=self._answer) for _ in range(3)]
+        self.delay_s = SERVICE_S
+        self.threads = [RawService(redis_url, cmd, handler=self._answer) for _ in range(4)]
 
     def _answer(self, data: bytes) -> bytes:
         time.sleep(self.delay_s)
