@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from spark.anomaly_rules import MINUTE_US, AnomalyRules
 from spark.latency import ACCURACY
+from spark.times import Time, as_column
 from wire import event_schema as ev
 
 SLOWER: Final = "slower"  # p99 end to end several times the baseline's
@@ -38,24 +39,23 @@ def outcome_ts() -> Column:
     return F.coalesce(F.col("delivered_ts"), F.col("failed_ts"), F.col("expired_ts"))
 
 
-def judge(requests: DataFrame, end_us: int, rules: AnomalyRules) -> DataFrame:
+def judge(requests: DataFrame, end_us: Time, rules: AnomalyRules) -> DataFrame:
     """The anomalies as of ``end_us`` (COLUMNS; values: p99 in ms for SLOWER, a share for FAILING)."""
-    at = outcome_ts()
-    window = requests.where((at >= rules.baseline_start_us(end_us)) & (at < end_us)).withColumn(
-        END, F.lit(end_us)
-    )
+    at, end = outcome_ts(), as_column(end_us)
+    window = requests.where((at >= end - rules.span_us) & (at < end)).withColumn(END, end)
     return _judged(window, rules).drop(END)
 
 
-def judge_minutes(requests: DataFrame, first_end_us: int, last_end_us: int, rules: AnomalyRules) -> DataFrame:
+def judge_minutes(
+    requests: DataFrame, first_end_us: Time, last_end_us: Time, rules: AnomalyRules
+) -> DataFrame:
     """The anomalies as of the end of each minute, for the minute ends from ``first_end_us`` to
     ``last_end_us``: ``minute`` (the minute that ended) and COLUMNS, in one pass (a request takes part in
     the judgement of every minute end whose recent minutes or baseline its outcome fell in)."""
     at = outcome_ts()
-    span = (rules.recent_minutes + rules.baseline_minutes) * MINUTE_US
     # The minute ends m with m - span <= at < m.
-    low = F.greatest(at - at % MINUTE_US + MINUTE_US, F.lit(first_end_us))
-    high = F.least(at + span, F.lit(last_end_us))
+    low = F.greatest(at - at % MINUTE_US + MINUTE_US, as_column(first_end_us))
+    high = F.least(at + rules.span_us, as_column(last_end_us))
     ends = F.when(low <= high, F.sequence(low, high, F.lit(MINUTE_US))).otherwise(F.array())
     window = requests.where(at.isNotNull()).withColumn(END, F.explode(ends))
     judged = _judged(window, rules)

@@ -22,5 +22,10 @@ class AnomalyRules:
     min_recent: int = 30
     min_baseline: int = 50
 
+    @property
+    def span_us(self) -> int:
+        """The recent and the baseline minutes together."""
+        return (self.recent_minutes + self.baseline_minutes) * MINUTE_US
+
     def baseline_start_us(self, end_us: int) -> int:
-        return end_us - (self.recent_minutes + self.baseline_minutes) * MINUTE_US
+        return end_us - self.span_us

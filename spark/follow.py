@@ -38,6 +38,7 @@ from spark.ingest import COPIES, DISPOSITION, EVENTS, classify_lines, deduplicat
 from spark.outputs import table_path, write_text
 from spark.schema import CORRUPT_RECORD, with_corrupt_record
 from spark.timeline import request_timeline
+from spark.times import times_frame, with_times
 from wire import event_schema as ev
 
 # Spark passes over directories whose names start with "_" or ".": these are plain names.
@@ -46,6 +47,10 @@ STATE: Final = "follow_state"
 ANOMALIES: Final = "anomalies"
 BATCH: Final = "batch"
 QUERY_NAME: Final = "msgbus-follow"
+# A micro-batch's times, as columns joined to its data (spark.times): the minutes it closes, the newest event.
+CLOSING_FROM: Final = "_closing_from"
+CLOSED_UNTIL: Final = "_closed_until"
+NEWEST: Final = "_newest"
 
 
 @dataclass(frozen=True)
@@ -129,12 +134,15 @@ class Follower:
         self._let_go(state, since)
         events = self._events(batch_id, since).persist()
         requests = request_timeline(events).persist()
+        times = times_frame(
+            self.spark, {CLOSING_FROM: closing_from, CLOSED_UNTIL: closed_until, NEWEST: state.newest_us}
+        )
         try:
             if closed_until > closing_from:
-                self._close_minutes(batch_id, events, requests, closing_from, closed_until)
+                self._close_minutes(batch_id, with_times(events, times), with_times(requests, times))
                 state.closed_until_us = closed_until
             self._save(batch_id, state)
-            self._write_now(requests, state, batch_id, time.monotonic() - started)
+            self._write_now(with_times(requests, times), state, batch_id, time.monotonic() - started)
         finally:
             requests.unpersist()
             events.unpersist()
@@ -190,12 +198,12 @@ class Follower:
 
     # --- 3: the minutes that closed ------------------------------------------------------------------
 
-    def _close_minutes(
-        self, batch_id: int, events: DataFrame, requests: DataFrame, first_us: int, end_us: int
-    ) -> None:
-        for name, frame in minutes.per_minute_tables(events, requests, first_us, end_us).items():
+    def _close_minutes(self, batch_id: int, events: DataFrame, requests: DataFrame) -> None:
+        """The minutes from CLOSING_FROM to CLOSED_UNTIL, columns of ``events`` and ``requests``."""
+        first, end = F.col(CLOSING_FROM), F.col(CLOSED_UNTIL)
+        for name, frame in minutes.per_minute_tables(events, requests, first, end).items():
             frame.write.mode("overwrite").parquet(self._batch_path(name, batch_id))
-        found = anomalies.judge_minutes(requests, first_us + MINUTE_US, end_us, self.options.rules)
+        found = anomalies.judge_minutes(requests, first + MINUTE_US, end, self.options.rules)
         found.write.mode("overwrite").parquet(self._batch_path(ANOMALIES, batch_id))
 
     # --- 4: the view and the state -------------------------------------------------------------------
@@ -212,7 +220,7 @@ class Follower:
                 if key not in ("newest_us", "closed_until_us", "stored")
             },
         }
-        view = now_view.now_view(requests, state.newest_us, self.options.rules, progress)
+        view = now_view.now_view(requests, state.newest_us, self.options.rules, progress, F.col(NEWEST))
         write_text(self.spark, self.out, "now.json", now_view.as_json(view))
         write_text(self.spark, self.out, "now.html", now_view.as_html(view))
 

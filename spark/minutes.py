@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark import failures, latency, throughput
+from spark.times import Time, as_column
 from wire import event_schema as ev
 
 MINUTE: Final = "minute"
@@ -31,18 +32,18 @@ def minute_of(ts_us: Column) -> Column:
     return F.date_trunc("minute", F.timestamp_micros(ts_us))
 
 
-def in_minutes(ts_us: Column, first_us: int | None, end_us: int | None) -> Column:
+def in_minutes(ts_us: Column, first_us: Time | None, end_us: Time | None) -> Column:
     """``ts_us`` within [first_us, end_us) (either bound may be open)."""
     inside: Column = ts_us.isNotNull()
     if first_us is not None:
-        inside = inside & (ts_us >= first_us)
+        inside = inside & (ts_us >= as_column(first_us))
     if end_us is not None:
-        inside = inside & (ts_us < end_us)
+        inside = inside & (ts_us < as_column(end_us))
     return inside
 
 
 def latency_per_minute(
-    requests: DataFrame, first_us: int | None = None, end_us: int | None = None
+    requests: DataFrame, first_us: Time | None = None, end_us: Time | None = None
 ) -> DataFrame:
     """Per (minute delivered, src, dst, cmd, hop): percentiles of each hop and of ``end_to_end``."""
     delivered = requests.where(in_minutes(F.col("delivered_ts"), first_us, end_us))
@@ -50,7 +51,9 @@ def latency_per_minute(
     return latency.hop_latency(keyed, (MINUTE, ev.SRC, ev.DST, ev.CMD), with_end_to_end=True)
 
 
-def errors_per_minute(events: DataFrame, first_us: int | None = None, end_us: int | None = None) -> DataFrame:
+def errors_per_minute(
+    events: DataFrame, first_us: Time | None = None, end_us: Time | None = None
+) -> DataFrame:
     """Per (minute, dst, event, cause): the error events logged in that minute."""
     errors = events.where(
         F.col(ev.EVENT).isin(*failures.ERROR_EVENTS) & in_minutes(F.col(ev.TS), first_us, end_us)
@@ -65,14 +68,14 @@ def errors_per_minute(events: DataFrame, first_us: int | None = None, end_us: in
 
 
 def throughput_per_minute(
-    events: DataFrame, first_us: int | None = None, end_us: int | None = None
+    events: DataFrame, first_us: Time | None = None, end_us: Time | None = None
 ) -> DataFrame:
     """Per (minute, site): the events it logged, by kind, and the bytes of the requests it accepted."""
     return throughput.throughput_per_minute(events.where(in_minutes(F.col(ev.TS), first_us, end_us)))
 
 
 def unanswered_per_minute(
-    requests: DataFrame, first_us: int | None = None, end_us: int | None = None
+    requests: DataFrame, first_us: Time | None = None, end_us: Time | None = None
 ) -> DataFrame:
     """Requests whose lifetime ended without an answer, in the minute it ended, with where they stopped."""
     expired = requests.where(
@@ -91,7 +94,7 @@ def unanswered_per_minute(
 
 
 def per_minute_tables(
-    events: DataFrame, requests: DataFrame, first_us: int | None = None, end_us: int | None = None
+    events: DataFrame, requests: DataFrame, first_us: Time | None = None, end_us: Time | None = None
 ) -> dict[str, DataFrame]:
     """The four tables over the minutes in [first_us, end_us) (all of them when open)."""
     return {

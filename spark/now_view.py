@@ -16,6 +16,7 @@ from spark import anomalies
 from spark.anomaly_rules import AnomalyRules
 from spark.latency import STAT_COLUMNS, stat_aggregates, stat_columns
 from spark.timeline import NO_OUTCOME
+from spark.times import Time, as_column
 from wire import event_schema as ev
 
 WINDOW_S: Final = 300
@@ -38,17 +39,22 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def now_view(
-    requests: DataFrame, newest_us: int, rules: AnomalyRules, progress: dict[str, Any]
+    requests: DataFrame,
+    newest_us: int,
+    rules: AnomalyRules,
+    progress: dict[str, Any],
+    newest: Time | None = None,
 ) -> dict[str, Any]:
     """What the view shows, as of ``newest_us`` (the newest event read): the last WINDOW_S seconds.
+    ``newest``: the same time as a column of ``requests`` (:mod:`spark.times`), if it has one.
 
     Three Spark jobs: the slowest destinations and commands, the errors and the number unanswered come from
     one aggregation (per (dst, cmd), per dst and in all), of which only the rows shown are brought back; the
     longest unanswered; the anomalies."""
-    start = newest_us - WINDOW_S * 1_000_000
-    answered = anomalies.outcome_ts() >= start
+    as_of = as_column(newest_us if newest is None else newest)
+    answered = anomalies.outcome_ts() >= as_of - WINDOW_S * 1_000_000
     waiting = (F.col("outcome") == NO_OUTCOME) & (
-        F.col("accepted_ts") <= newest_us - IN_FLIGHT_AFTER_S * 1_000_000
+        F.col("accepted_ts") <= as_of - IN_FLIGHT_AFTER_S * 1_000_000
     )
     summary = _summary(requests.where(answered | waiting), answered, waiting)
     shown = summary.where((F.col("_slow_rank") <= TOP) | (F.col("_error_rank") <= TOP) | F.col("_all"))
@@ -73,9 +79,9 @@ def now_view(
         ev.DST,
         ev.CMD,
         "furthest_step",
-        ((F.lit(newest_us) - F.col("accepted_ts")) / 1e6).alias("waiting_s"),
+        ((as_of - F.col("accepted_ts")) / 1e6).alias("waiting_s"),
     )
-    found = anomalies.judge(requests, newest_us, rules)
+    found = anomalies.judge(requests, as_of, rules)
     return {
         "as_of": iso(newest_us),
         "window_s": WINDOW_S,

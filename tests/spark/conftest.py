@@ -1,7 +1,7 @@
 """One local SparkSession for the whole Spark test run: 2 cores, 2 shuffle partitions, no UI, and C1 alone
 (tiny frames, as the job compiles for a small input: spark.jit), with room for the code of all the tests'
 queries (C1 alone reserves 48 MB for compiled code, which the stream's queries fill: then the JVM stops
-compiling)."""
+compiling), and Spark's generated classes kept as the job keeps them (spark.session)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark.jit import C1_ONLY, DRIVER_OPTIONS
+from spark.session import CODEGEN_CACHE, CODEGEN_CACHE_ENTRIES
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,7 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
         .config(DRIVER_OPTIONS, f"{C1_ONLY} -XX:ReservedCodeCacheSize=240m")
+        .config(CODEGEN_CACHE, CODEGEN_CACHE_ENTRIES)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
