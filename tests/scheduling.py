@@ -30,7 +30,9 @@ EACH_TEST_APART = {
     "tests/router/test_faults.py",
 }
 
-# Modules taking 20 s or more on 2 cores, longest first (the suite, then the fault phase).
+# Scopes taking 20 s or more on 2 cores, longest first: the suite's modules, then the fault phase's, where
+# the tests of EACH_TEST_APART are named one by one (all its parameters together), so that the longest of
+# every module start first and the four workers end together.
 LONGEST_FIRST = [
     SHARED_SPARK_SESSION,
     "tests/site/test_big_backlog.py",
@@ -49,11 +51,21 @@ LONGEST_FIRST = [
     "tests/sending/test_way_back.py",
     "tests/site/test_load_balancer.py",
     "tests/faults/test_networks.py",
-    "tests/faults/test_recovery.py",
-    "tests/router/test_faults.py",
-    "tests/faults/test_faults.py",
-    "tests/faults/test_failover.py",
+    "tests/faults/test_recovery.py::test_r1_peer_daemon_down_40s_while_2000_requests_wait",
+    "tests/router/test_faults.py::test_3_servicebus_call_runs_once_when_answers_are_lost",
+    "tests/faults/test_faults.py::test_3b_receiver_unreachable_for_20s_with_hold_offline",
+    "tests/faults/test_faults.py::test_3a_receiver_unreachable_for_20s",
     "tests/faults/test_site_processes.py",
+    "tests/router/test_faults.py::test_1_edge_offline_20s_then_cloud_offline",
+    "tests/faults/test_faults.py::test_2_receiver_daemon_killed_repeatedly",
+    "tests/faults/test_failover.py",
+    "tests/faults/test_recovery.py::test_r2_both_daemons_killed_at_random_for_20s",
+    "tests/faults/test_faults.py::test_1_sender_daemon_killed_repeatedly",
+    "tests/faults/test_faults.py::test_6_service_crashes_mid_request",
+    "tests/faults/test_recovery.py::test_r3_burst_of_5000_resends_due_at_once",
+    "tests/faults/test_faults.py::test_5_sender_redis_restarted",
+    "tests/faults/test_faults.py::test_4_answers_lost_after_the_request_arrived",
+    "tests/netbed/test_bed.py",
 ]
 RANK = {scope: rank for rank, scope in enumerate(LONGEST_FIRST)}
 
@@ -73,10 +85,22 @@ def _grouped(module: str) -> str:
 
 def longest_first(items: list[pytest.Item], tests: Path) -> None:
     """Sorts ``items`` in place: the long scopes in their order, then the rest as collected."""
-    missing = [scope for scope in LONGEST_FIRST if not (tests.parent / scope).exists()]
+    missing = [scope for scope in LONGEST_FIRST if not is_there(tests.parent, scope)]
     if missing:
         raise pytest.UsageError(f"tests/scheduling.py names scopes that are not there: {missing}")
-    items.sort(key=lambda item: RANK.get(_grouped(item.nodeid.split("::", 1)[0]), len(RANK)))
+    items.sort(key=lambda item: rank_of(item.nodeid))
+
+
+def rank_of(nodeid: str) -> int:
+    module, _, test = nodeid.partition("::")
+    named = RANK.get(f"{module}::{test.split('[', 1)[0]}")
+    return named if named is not None else RANK.get(_grouped(module), len(RANK))
+
+
+def is_there(root: Path, scope: str) -> bool:
+    module, _, test = scope.partition("::")
+    path = root / module
+    return path.exists() and (not test or f"def {test}(" in path.read_text())
 
 
 class LongestFirst(LoadScopeScheduling):
