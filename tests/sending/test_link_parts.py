@@ -311,6 +311,34 @@ async def ack_between_parts() -> None:
         assert pair.at_opener.received[-1][:4] == ("part", 1, False, True)
 
 
+async def test_frames_behind_an_ack_waiting_for_its_turn_are_answered_meanwhile() -> None:
+    async with link_pair() as pair:
+        pair.at_site.hold = asyncio.Event()
+        big = asyncio.ensure_future(pair.site.send([message(text(3 * MIB, "big:"))], TIMEOUT_S))
+        await pair.until(lambda: len(pair.at_site.sent) == 1, "the large frame's first part")
+        # The site's writer waits to write the large frame's second part: each ack waits for its turn.
+        smalls = [asyncio.ensure_future(pair.opener.send([message(f"small-{n}")], TIMEOUT_S)) for n in (1, 2)]
+        await pair.until(
+            lambda: {(SITE, "small-1"), (SITE, "small-2")} <= set(pair.answered), "both small frames answered"
+        )
+        assert not any(small.done() for small in smalls)
+        pair.at_site.hold.set()
+        assert [await small for small in smalls] == [[Result(200)], [Result(200)]]
+        assert await big == [Result(200)]
+
+
+async def test_a_frame_is_told_written_before_its_answer_comes() -> None:
+    async with link_pair() as pair:
+        pair.at_opener.hold_reading = asyncio.Event()
+        written = asyncio.Event()
+        sent = asyncio.ensure_future(pair.opener.send([message("small")], TIMEOUT_S, written))
+        await asyncio.wait_for(written.wait(), TIMEOUT_S)
+        await pair.until(lambda: (SITE, "small") in pair.answered, "the site's answer")
+        assert not sent.done()
+        pair.at_opener.hold_reading.set()
+        assert await sent == [Result(200)]
+
+
 async def test_an_end_whose_peer_does_not_read_parts_writes_it_whole_frames() -> None:
     async with link_pair(opener_reads_parts=False) as pair:
         there, back = text(MIB, "there:"), text(MIB, "back:")
