@@ -300,7 +300,7 @@ class Peer:
         answers; the Redis queue is popped, not read."""
         window = self._window
         while window and window[0].done():
-            window.popleft()
+            _raise_failure(window.popleft())
         if window:
             wait_s = self._window_sent_at + WINDOW_AFTER_S - time.monotonic()
             if len(window) >= WINDOW or wait_s > 0:
@@ -356,10 +356,12 @@ class Peer:
 
     async def _drain_window(self) -> None:
         """Wait for the batches on their way; raises the Redis error one of them met."""
-        if self._window:
-            await asyncio.wait(self._window)
-            self._window.clear()
+        window, self._window = self._window, deque()
+        if window:
+            await asyncio.wait(window)
         error, self._window_error = self._window_error, None
+        for batch in window:
+            _raise_failure(batch)
         if error is not None:
             raise error
 
@@ -373,6 +375,9 @@ class Peer:
                 batch.cancel()
         elif window:
             await asyncio.wait(window)
+            for batch in window:
+                if not batch.cancelled() and (exc := batch.exception()) is not None:
+                    log.error("sending to twin %s failed: %r", self.twin, exc, extra=about(dst=self.twin))
 
     async def _send_some(self, lane: Lane) -> bool:
         """Send the next batch of the queue; True when that was the whole queue, and all of it went."""
@@ -712,6 +717,12 @@ class Peer:
             self.waits_for_uplink = False
             log.info("twin %s's uplink is open; sending what waited", self.twin, extra=about(dst=self.twin))
         return True
+
+
+def _raise_failure(batch: asyncio.Task[bool]) -> None:
+    """Raise what a batch sent beside the sender failed with (it handles Redis and socket errors itself)."""
+    if not batch.cancelled() and (exc := batch.exception()) is not None:
+        raise exc
 
 
 def _answers_within_s(items: Sequence[SendItem]) -> float:
