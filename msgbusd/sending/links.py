@@ -259,8 +259,9 @@ class Link:
 
     @property
     def busy(self) -> bool:
-        """A frame of ours waits for its ack, or one of the peer's for its answer or its next parts."""
-        return bool(self._pending) or self._answering or self._parts.holding
+        """A frame of ours waits for its ack, or one of the peer's for its answer (or for the answer's turn to
+        be written) or its next parts."""
+        return bool(self._pending) or self._answering or bool(self._acks) or self._parts.holding
 
     async def retire(self, reason: str) -> None:
         """Close the link because this site no longer needs it (not a break: it opens again on need)."""
