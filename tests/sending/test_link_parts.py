@@ -329,14 +329,17 @@ async def test_frames_behind_an_ack_waiting_for_its_turn_are_answered_meanwhile(
 
 async def test_a_frame_is_told_written_before_its_answer_comes() -> None:
     async with link_pair() as pair:
-        pair.at_opener.hold_reading = asyncio.Event()
+        # The site's answer is a long refusal: its ack goes in parts, held after the first.
+        pair.at_site.hold = asyncio.Event()
         written = asyncio.Event()
-        sent = asyncio.ensure_future(pair.opener.send([message("small")], TIMEOUT_S, written))
+        envelope = f"{LONG_REFUSAL}small"
+        sent = asyncio.ensure_future(pair.opener.send([message(envelope)], TIMEOUT_S, written))
         await asyncio.wait_for(written.wait(), TIMEOUT_S)
-        await pair.until(lambda: (SITE, "small") in pair.answered, "the site's answer")
+        await pair.until(lambda: len(pair.at_site.sent) == 1, "the ack's first part")
+        assert (SITE, envelope) in pair.answered
         assert not sent.done()
-        pair.at_opener.hold_reading.set()
-        assert await sent == [Result(200)]
+        pair.at_site.hold.set()
+        assert await sent == [Result(400, "x" * REFUSAL_CHARS)]
 
 
 async def test_an_end_whose_peer_does_not_read_parts_writes_it_whole_frames() -> None:
