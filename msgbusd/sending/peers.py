@@ -49,7 +49,7 @@ from msgbusd.reports.metrics import Metrics
 from msgbusd.reports.peer_activity import PeerActivityLog
 from msgbusd.sending.health import HealthState, PeerHealth, ProbePace, probe_backoff
 from msgbusd.sending.large_messages import LargeMessages
-from msgbusd.sending.links import UPLINK_WAIT_S, Links, send_envelopes
+from msgbusd.sending.links import UPLINK_WAIT_S, Link, Links, send_envelopes
 from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import Schedule
@@ -207,6 +207,8 @@ class Peer:
         self._window: deque[asyncio.Task[bool]] = deque()
         self._window_sent_at = -math.inf
         self._window_error: RedisError | OSError | None = None
+        # The link the last batch went on (None: in POSTs): the next one goes beside it only on that link.
+        self._window_link: Link | None = None
 
     # --- the sender --------------------------------------------------------------------------------------
 
@@ -328,8 +330,19 @@ class Peer:
         (the peer drops what it already has)."""
         entries = [item.entry for item in items]
         try:
+            link = None
+            if before is not None:
+                link = self._window_link
+                if link is None or not link.is_open:
+                    # The batches before went in POSTs or on a link that is gone: this one goes once they
+                    # are settled, and only if they all went (otherwise it would arrive before what they
+                    # leave in the queue).
+                    if not await before:
+                        lane.distrust()
+                        return False
+                    link = None
             async with self._peers.turns:
-                done, replies = await self._deliver(lane, entries, items, written)
+                done, replies = await self._deliver(lane, entries, items, written, link)
             written.set()
             if before is not None and not await before:
                 lane.distrust()
@@ -468,11 +481,17 @@ class Peer:
             entry = self.large.finished(entry, delivered=True)
 
     async def _deliver(
-        self, lane: Lane, entries: list[str], items: list[SendItem], written: asyncio.Event | None = None
+        self,
+        lane: Lane,
+        entries: list[str],
+        items: list[SendItem],
+        written: asyncio.Event | None = None,
+        link: Link | None = None,
     ) -> tuple[int, list[str]]:
-        """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue), and
-        the keys of the replies the peer took (to forget). ``written``: set once they are on a link."""
-        results = await self._send(items, written)
+        """Send ``items`` (on ``link`` when given); returns how many leading entries are dealt with (the rest
+        wait in the queue), and the keys of the replies the peer took (to forget). ``written``: set once
+        they are on a link."""
+        results = await self._send(items, written, link)
         taken = [it for it, error in zip(items, results, strict=True) if error is None]
         replies = self._peers.count_sent(taken)
         self._note(results, any_taken=bool(taken))
@@ -506,14 +525,14 @@ class Peer:
     # --- the wire ----------------------------------------------------------------------------------------
 
     async def _send(
-        self, items: list[SendItem], written: asyncio.Event | None = None
+        self, items: list[SendItem], written: asyncio.Event | None = None, link: Link | None = None
     ) -> list[DeliveryError | None]:
         """Stamp, sign and send ``items`` over the link, else in POSTs; one result per item (None: the peer
         has it). Each attempt goes to the event log."""
         peers = self._peers
         started_at, started = peers.clock(), time.perf_counter()
         replies_only = not any(item.is_request for item in items)
-        results = await self._transmit(items, replies_only=replies_only, written=written)
+        results = await self._transmit(items, replies_only=replies_only, written=written, on=link)
         duration_us = int((time.perf_counter() - started) * 1_000_000)
         for item, error in zip(items, results, strict=True):
             if error is not None and not error.attempted:
@@ -532,21 +551,27 @@ class Peer:
             activity.failed(self.twin, failures[-1].cause)
 
     async def _transmit(
-        self, items: list[SendItem], *, replies_only: bool, written: asyncio.Event | None = None
+        self,
+        items: list[SendItem],
+        *,
+        replies_only: bool,
+        written: asyncio.Event | None = None,
+        on: Link | None = None,
     ) -> list[DeliveryError | None]:
         links = self._peers.links
-        link = None
+        link = on
         now = time.monotonic()
         # One message now and then goes in a POST whose connection is not kept.
         lone = len(items) == 1 and now - self._sent_at >= BUSY_WITHIN_S
         # A link pays for its handshake only if more follows.
         busy = len(items) >= self._peers.link_after or now - self._sent_at < BUSY_WITHIN_S
         self._sent_at = now
-        if links is not None:
+        if links is not None and link is None:
             try:
                 link = await links.link_to(self.twin, replies_only=replies_only, open_new=busy)
             except DeliveryError as exc:
                 return [exc] * len(items)
+        self._window_link = link
         if link is None and not replies_only and await self._answered_only_over_links():
             return await self._without_way_back(items, lone=lone)
         # Through a relay (a link to another twin, or POSTs to the twin's relay), payloads are encrypted for
