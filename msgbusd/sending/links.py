@@ -818,6 +818,10 @@ class Links:
         if self._readers:
             await asyncio.wait(list(self._readers), timeout=self.timeout_s)
 
+    def current(self, twin_id: int, *, replies_only: bool = False) -> Link | None:
+        """The open link :meth:`link_to` sends on now, if any (none is opened)."""
+        return self._current(twin_id, replies_only)
+
     def _current(self, twin_id: int, replies_only: bool) -> Link | None:
         links = [link for link in self._links.get(twin_id, ()) if link.is_open]
         if not links:

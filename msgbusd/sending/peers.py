@@ -207,7 +207,9 @@ class Peer:
         self._window: deque[asyncio.Task[bool]] = deque()
         self._window_sent_at = -math.inf
         self._window_error: RedisError | OSError | None = None
-        # The link the last batch went on (None: in POSTs): the next one goes beside it only on that link.
+        # The link each batch on its way went on (None: in POSTs), and whether it carries requests.
+        self._window_on: dict[asyncio.Task[bool], tuple[Link | None, bool]] = {}
+        # The link the batch being written went on.
         self._window_link: Link | None = None
 
     # --- the sender --------------------------------------------------------------------------------------
@@ -302,6 +304,7 @@ class Peer:
         answers; the Redis queue is popped, not read."""
         window = self._window
         while window and window[0].done():
+            self._window_on.pop(window[0], None)
             _raise_failure(window.popleft())
         if window:
             wait_s = self._window_sent_at + WINDOW_AFTER_S - time.monotonic()
@@ -315,34 +318,57 @@ class Peer:
             return
         written = asyncio.Event()
         before = window[-1] if window else None
-        batch = asyncio.ensure_future(self._send_batch(lane, items, before, written))
+        beside = self._link_beside(items) if before is not None else None
+        batch = asyncio.ensure_future(self._send_batch(lane, items, before, beside, written))
         batch.add_done_callback(lambda _: written.set())
         window.append(batch)
         self._window_sent_at = time.monotonic()
         # The next batch is written after this one.
         await written.wait()
+        self._window_on[batch] = (self._window_link, any(item.is_request for item in items))
+
+    def _link_beside(self, items: list[SendItem]) -> Link | None:
+        """The link ``items`` can go on now, beside the batches on their way, if any: an open one, the
+        same as the one each batch on its way with requests went on when ``items`` have requests (a
+        broken link fails both, and both come again from the queue in order; what one peer's requests and
+        replies carry is not ordered across them), and none once a batch before did not all go."""
+        links = self._peers.links
+        if links is None:
+            return None
+        has_requests = any(item.is_request for item in items)
+        link = links.current(self.twin, replies_only=not has_requests)
+        if link is None:
+            return None
+        for batch in self._window:
+            if batch.done():
+                if batch.cancelled() or batch.exception() is not None or not batch.result():
+                    return None
+                continue
+            on, with_requests = self._window_on.get(batch, (None, True))
+            if on is None or not on.is_open or (has_requests and with_requests and on is not link):
+                return None
+        return link
 
     async def _send_batch(
-        self, lane: Lane, items: list[SendItem], before: asyncio.Task[bool] | None, written: asyncio.Event
+        self,
+        lane: Lane,
+        items: list[SendItem],
+        before: asyncio.Task[bool] | None,
+        beside: Link | None,
+        written: asyncio.Event,
     ) -> bool:
         """Send a batch from memory; once the batches before it are out of the queue, take it out too.
         True when all of it went and the queue began with it; otherwise the lane sends from Redis again
         (the peer drops what it already has)."""
         entries = [item.entry for item in items]
         try:
-            link = None
-            if before is not None:
-                link = self._window_link
-                if link is None or not link.is_open:
-                    # The batches before went in POSTs or on a link that is gone: this one goes once they
-                    # are settled, and only if they all went (otherwise it would arrive before what they
-                    # leave in the queue).
-                    if not await before:
-                        lane.distrust()
-                        return False
-                    link = None
+            if before is not None and beside is None and not await before:
+                # Sent after the batches before are settled, and only if they all went: otherwise it would
+                # arrive before what they leave in the queue.
+                lane.distrust()
+                return False
             async with self._peers.turns:
-                done, replies = await self._deliver(lane, entries, items, written, link)
+                done, replies = await self._deliver(lane, entries, items, written, beside)
             written.set()
             if before is not None and not await before:
                 lane.distrust()
@@ -370,6 +396,7 @@ class Peer:
     async def _drain_window(self) -> None:
         """Wait for the batches on their way; raises the Redis error one of them met."""
         window, self._window = self._window, deque()
+        self._window_on.clear()
         if window:
             await asyncio.wait(window)
         error, self._window_error = self._window_error, None
@@ -381,6 +408,7 @@ class Peer:
     async def _end_window(self) -> None:
         """The sender ends: its batches on their way end first (with it, when it is cancelled)."""
         window, self._window = self._window, deque()
+        self._window_on.clear()
         self._window_error = None
         current = asyncio.current_task()
         if current is not None and current.cancelling():
@@ -571,7 +599,8 @@ class Peer:
                 link = await links.link_to(self.twin, replies_only=replies_only, open_new=busy)
             except DeliveryError as exc:
                 return [exc] * len(items)
-        self._window_link = link
+        if written is not None:
+            self._window_link = link
         if link is None and not replies_only and await self._answered_only_over_links():
             return await self._without_way_back(items, lone=lone)
         # Through a relay (a link to another twin, or POSTs to the twin's relay), payloads are encrypted for
