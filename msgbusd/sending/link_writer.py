@@ -77,6 +77,11 @@ class FairWriter:
         self._direct = False
         self._closed: str | None = None
 
+    @property
+    def busy(self) -> bool:
+        """A frame is being written: another one waits its turn."""
+        return self._task is not None or self._direct
+
     async def write(self, frame: bytes) -> None:
         """Write ``frame``; returns once its last piece is written. Raises :class:`LinkClosed` if the link
         closes first. The frame is queued before this first waits."""

@@ -80,8 +80,9 @@ from wire.error_texts import too_large_text
 log = logging.getLogger("msgbusd.links")
 
 LINK_PATH = "/zbus-link"
-# Frames received and not yet answered, per link: the sender waits for acks, so more means a flood.
-INBOUND_FRAMES = 16
+# Frames received and not yet answered, per link: a sender waits for acks once it has a few frames on their
+# way (peers.WINDOW), so more means a flood.
+INBOUND_FRAMES = 32
 # Room in a frame for what wraps its envelopes (the op, the id, each message's path), and in an ack.
 FRAME_OVERHEAD_BYTES = 4096
 # A site that answers the upgrade with plain HTTP is sent POSTs this long before it is asked again, for every
@@ -173,6 +174,8 @@ class Link:
         self._pending: dict[int, asyncio.Future[list[Result]]] = {}
         self._inbound: asyncio.Queue[tuple[int, list[Any]] | None] = asyncio.Queue(INBOUND_FRAMES)
         self._answering = False
+        # Acks waiting for their turn to be written.
+        self._acks: set[asyncio.Task[None]] = set()
         self._closed: str | None = None
 
     @property
@@ -183,9 +186,12 @@ class Link:
     def closed_reason(self) -> str | None:
         return self._closed
 
-    async def send(self, messages: Sequence[bytes], timeout_s: float) -> list[Result]:
+    async def send(
+        self, messages: Sequence[bytes], timeout_s: float, written: asyncio.Event | None = None
+    ) -> list[Result]:
         """Send ``messages`` (each an encoded ``{"path", "envelope"}`` object) in one frame and wait for
-        the peer's answer to each; raises :class:`LinkClosed` if the link ends or stalls first.
+        the peer's answer to each; raises :class:`LinkClosed` if the link ends or stalls first. ``written``
+        is set once the frame is written, before its answer comes.
 
         ``timeout_s`` counts from when the frame's last piece was written: however long a large frame
         takes on a slow cable, the link is not closed for it (a link that makes no progress at all is
@@ -200,6 +206,8 @@ class Link:
         try:
             try:
                 await self._write(b'{"op":"send","id":%d,"messages":[%b]}' % (frame_id, b",".join(messages)))
+                if written is not None:
+                    written.set()
             except LinkClosed as exc:
                 # Not used again: the next send opens a new link.
                 await self.close(str(exc))
@@ -251,8 +259,9 @@ class Link:
 
     @property
     def busy(self) -> bool:
-        """A frame of ours waits for its ack, or one of the peer's for its answer or its next parts."""
-        return bool(self._pending) or self._answering or self._parts.holding
+        """A frame of ours waits for its ack, or one of the peer's for its answer (or for the answer's turn to
+        be written) or its next parts."""
+        return bool(self._pending) or self._answering or bool(self._acks) or self._parts.holding
 
     async def retire(self, reason: str) -> None:
         """Close the link because this site no longer needs it (not a break: it opens again on need)."""
@@ -313,7 +322,13 @@ class Link:
             self._answering = True
             try:
                 results = await self._answer(self.peer, messages, self.to_relay)
-                await self._write(orjson.dumps({"op": "ack", "id": frame_id, "results": results}))
+                ack = orjson.dumps({"op": "ack", "id": frame_id, "results": results})
+                if self._writer.busy:
+                    # Behind the parts of a large frame the ack waits its turn; the next frame is answered
+                    # meanwhile (the peer matches acks by frame id).
+                    self._write_later(ack)
+                else:
+                    await self._write(ack)
             except LinkClosed:
                 # The peer sends the frame again on its next link; its envelopes are kept once.
                 return
@@ -323,6 +338,17 @@ class Link:
 
     async def _write(self, data: bytes) -> None:
         await self._writer.write(data)
+
+    def _write_later(self, data: bytes) -> None:
+        task = asyncio.ensure_future(self._writer.write(data))
+        self._acks.add(task)
+        task.add_done_callback(self._ack_written)
+
+    def _ack_written(self, task: asyncio.Task[None]) -> None:
+        self._acks.discard(task)
+        if not task.cancelled():
+            # A link that closed meanwhile: the peer sends the frame again on its next link.
+            task.exception()
 
 
 class Links:
@@ -792,6 +818,10 @@ class Links:
         if self._readers:
             await asyncio.wait(list(self._readers), timeout=self.timeout_s)
 
+    def current(self, twin_id: int, *, replies_only: bool = False) -> Link | None:
+        """The open link :meth:`link_to` sends on now, if any (none is opened)."""
+        return self._current(twin_id, replies_only)
+
     def _current(self, twin_id: int, replies_only: bool) -> Link | None:
         links = [link for link in self._links.get(twin_id, ()) if link.is_open]
         if not links:
@@ -1007,10 +1037,11 @@ class Links:
 
 
 async def send_envelopes(
-    link: Link, items: Sequence[tuple[str, bytes]], timeout_s: float
+    link: Link, items: Sequence[tuple[str, bytes]], timeout_s: float, written: asyncio.Event | None = None
 ) -> list[DeliveryError | None]:
     """Send ``(path, signed envelope)`` pairs over ``link``, in order, as few frames as the peer's size
-    limit allows; one result per item (None: the peer has it)."""
+    limit allows; one result per item (None: the peer has it). ``written`` is set once the last frame is
+    written (what is written after it comes after all of them)."""
     twin_id, limit = link.peer, link.peer_max_bytes
     results: list[DeliveryError | None] = [None] * len(items)
     sendable: list[int] = []
@@ -1027,7 +1058,7 @@ async def send_envelopes(
         indexes = sendable[done : done + len(chunk)]
         done += len(chunk)
         try:
-            answers = await link.send(chunk, timeout_s)
+            answers = await link.send(chunk, timeout_s, written if done == len(messages) else None)
         except LinkClosed as exc:
             error = DeliveryError(f"the link to twin {twin_id} broke: {exc}", offline=True)
             for index in indexes:

@@ -49,7 +49,7 @@ from msgbusd.reports.metrics import Metrics
 from msgbusd.reports.peer_activity import PeerActivityLog
 from msgbusd.sending.health import HealthState, PeerHealth, ProbePace, probe_backoff
 from msgbusd.sending.large_messages import LargeMessages
-from msgbusd.sending.links import UPLINK_WAIT_S, Links, send_envelopes
+from msgbusd.sending.links import UPLINK_WAIT_S, Link, Links, send_envelopes
 from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import Schedule
@@ -78,6 +78,15 @@ KEPT_WAITING = 20_000
 # A twin sent several messages at once (Peers.link_after), or one again within this long, is worth a link
 # (when its site takes links); a single message now and then goes in a POST.
 BUSY_WITHIN_S = 10.0
+# Batches sent from memory whose answers are awaited at once, at most. The next batch goes when the ones
+# before are answered, or once the last one sent has been on its way this long: over a link with a long
+# round trip, or behind a large message on a thin one, a batch does not wait for the answer to the one
+# before. On a quick link the answer comes first, and what was queued meanwhile goes in one batch; on a thin
+# one, fewer and larger frames leave more of the cable to the large message (20 ms: worse tails there).
+# A peer that asks to wait (503 or 429 with Retry-After) may have taken the batches sent after the refused
+# one: they come again from Redis after the wait, and the peer drops what it already has.
+WINDOW = 8
+WINDOW_AFTER_S = 0.1
 
 # Peers forgets a peer once it is up and idle: one it no longer holds is up.
 UP = HealthState("up")
@@ -193,6 +202,15 @@ class Peer:
         self.waits_for_uplink = False
         # Large messages sent beside the others.
         self.large = LargeMessages(peers.large_message_bytes)
+        # Batches sent from memory, oldest first, each awaiting its answers (True: all of it went, and is
+        # out of the queue); when the last one was sent (monotonic); the Redis error one of them met.
+        self._window: deque[asyncio.Task[bool]] = deque()
+        self._window_sent_at = -math.inf
+        self._window_error: RedisError | OSError | None = None
+        # The link each batch on its way went on (None: in POSTs), and whether it carries requests.
+        self._window_on: dict[asyncio.Task[bool], tuple[Link | None, bool]] = {}
+        # The link the batch being written went on.
+        self._window_link: Link | None = None
 
     # --- the sender --------------------------------------------------------------------------------------
 
@@ -227,6 +245,7 @@ class Peer:
                     )
                     await self._pause(delay)
         finally:
+            await self._end_window()
             self._peers.stopped(self, lane)
 
     async def _step(self, lane: Lane) -> bool:
@@ -234,6 +253,13 @@ class Peer:
         gone)."""
         if not self._peers.holds(self.twin):
             return False
+        in_step = lane.trusted and not self.health.is_down and lane.paused_until <= time.monotonic()
+        waited_for = self._window or self._window_error is not None
+        if waited_for and not (in_step and (lane.fresh or not lane.recheck)):
+            # Anything but more from memory, or waiting for it, starts from what the batches on their way
+            # end with.
+            await self._drain_window()
+            return True
         if self.health.is_down:
             return await self._while_down(lane)
         if lane.paused_until > time.monotonic():
@@ -242,8 +268,7 @@ class Peer:
                 lane.paused_until = 0.0
             return True
         if lane.trusted and lane.fresh:
-            async with self._peers.turns:
-                await self._send_fresh(lane)
+            await self._send_fresh(lane)
         elif lane.recheck:
             lane.recheck = False
             lane.distrust()
@@ -275,22 +300,125 @@ class Peer:
             lane.give_way = False
 
     async def _send_fresh(self, lane: Lane) -> None:
-        """Send what was just queued straight from memory; the Redis queue is popped, not read."""
+        """Send what was just queued straight from memory, beside the batches still awaiting their
+        answers; the Redis queue is popped, not read."""
+        window = self._window
+        while window and window[0].done():
+            self._window_on.pop(window[0], None)
+            _raise_failure(window.popleft())
+        if window:
+            wait_s = self._window_sent_at + WINDOW_AFTER_S - time.monotonic()
+            if len(window) >= WINDOW or wait_s > 0:
+                # What comes meanwhile goes in the same batch; the step looks again after.
+                timeout = None if len(window) >= WINDOW else wait_s
+                await asyncio.wait(window, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                return
         items = self._set_aside([lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))])
         if not items:
             return
+        written = asyncio.Event()
+        before = window[-1] if window else None
+        beside = self._link_beside(items) if before is not None else None
+        batch = asyncio.ensure_future(self._send_batch(lane, items, before, beside, written))
+        batch.add_done_callback(lambda _: written.set())
+        window.append(batch)
+        self._window_sent_at = time.monotonic()
+        # The next batch is written after this one.
+        await written.wait()
+        self._window_on[batch] = (self._window_link, any(item.is_request for item in items))
+
+    def _link_beside(self, items: list[SendItem]) -> Link | None:
+        """The link ``items`` can go on now, beside the batches on their way, if any: an open one, the
+        same as the one each batch on its way with requests went on when ``items`` have requests (a
+        broken link fails both, and both come again from the queue in order; what one peer's requests and
+        replies carry is not ordered across them), and none once a batch before did not all go."""
+        links = self._peers.links
+        if links is None:
+            return None
+        has_requests = any(item.is_request for item in items)
+        link = links.current(self.twin, replies_only=not has_requests)
+        if link is None:
+            return None
+        for batch in self._window:
+            if batch.done():
+                if batch.cancelled() or batch.exception() is not None or not batch.result():
+                    return None
+                continue
+            on, with_requests = self._window_on.get(batch, (None, True))
+            if on is None or not on.is_open or (has_requests and with_requests and on is not link):
+                return None
+        return link
+
+    async def _send_batch(
+        self,
+        lane: Lane,
+        items: list[SendItem],
+        before: asyncio.Task[bool] | None,
+        beside: Link | None,
+        written: asyncio.Event,
+    ) -> bool:
+        """Send a batch from memory; once the batches before it are out of the queue, take it out too.
+        True when all of it went and the queue began with it; otherwise the lane sends from Redis again
+        (the peer drops what it already has)."""
         entries = [item.entry for item in items]
-        done, replies = await self._deliver(lane, entries, items)
-        if done == len(entries):
-            if not await self._store.sent(self.twin, replies, exact=entries, ahead=self.large.entries):
-                # The queue held more than memory, or in another order (several instances queue for one
-                # destination; the word of one may be late): what was sent is out of it, the Redis path sends
-                # the rest.
+        try:
+            if before is not None and beside is None and not await before:
+                # Sent after the batches before are settled, and only if they all went: otherwise it would
+                # arrive before what they leave in the queue.
                 lane.distrust()
-            return
-        # Held messages: pop only what is certainly dealt with, and let the Redis path send the rest.
-        lane.distrust()
-        await self._store.sent(self.twin, replies, exact=entries[:done], ahead=self.large.entries)
+                return False
+            async with self._peers.turns:
+                done, replies = await self._deliver(lane, entries, items, written, beside)
+            written.set()
+            if before is not None and not await before:
+                lane.distrust()
+                return False
+            if done == len(entries):
+                if await self._store.sent(self.twin, replies, exact=entries, ahead=self.large.entries):
+                    return True
+                # The queue held more than memory, or in another order (several instances queue for one
+                # destination; the word of one may be late): what was sent is out of it, the Redis path
+                # sends the rest.
+                lane.distrust()
+                return False
+            # Held messages: pop only what is certainly dealt with, and let the Redis path send the rest.
+            lane.distrust()
+            await self._store.sent(self.twin, replies, exact=entries[:done], ahead=self.large.entries)
+            return False
+        except (RedisError, OSError) as exc:
+            lane.distrust()
+            self._window_error = self._window_error or exc
+            return False
+        finally:
+            if not lane.trusted:
+                lane.wake.set()
+
+    async def _drain_window(self) -> None:
+        """Wait for the batches on their way; raises the Redis error one of them met."""
+        window, self._window = self._window, deque()
+        self._window_on.clear()
+        if window:
+            await asyncio.wait(window)
+        error, self._window_error = self._window_error, None
+        for batch in window:
+            _raise_failure(batch)
+        if error is not None:
+            raise error
+
+    async def _end_window(self) -> None:
+        """The sender ends: its batches on their way end first (with it, when it is cancelled)."""
+        window, self._window = self._window, deque()
+        self._window_on.clear()
+        self._window_error = None
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            for batch in window:
+                batch.cancel()
+        elif window:
+            await asyncio.wait(window)
+            for batch in window:
+                if not batch.cancelled() and (exc := batch.exception()) is not None:
+                    log.error("sending to twin %s failed: %r", self.twin, exc, extra=about(dst=self.twin))
 
     async def _send_some(self, lane: Lane) -> bool:
         """Send the next batch of the queue; True when that was the whole queue, and all of it went."""
@@ -380,10 +508,18 @@ class Peer:
                 await self._store.sent(self.twin, [], remove=[entry])
             entry = self.large.finished(entry, delivered=True)
 
-    async def _deliver(self, lane: Lane, entries: list[str], items: list[SendItem]) -> tuple[int, list[str]]:
-        """Send ``items``; returns how many leading entries are dealt with (the rest wait in the queue), and
-        the keys of the replies the peer took (to forget)."""
-        results = await self._send(items)
+    async def _deliver(
+        self,
+        lane: Lane,
+        entries: list[str],
+        items: list[SendItem],
+        written: asyncio.Event | None = None,
+        link: Link | None = None,
+    ) -> tuple[int, list[str]]:
+        """Send ``items`` (on ``link`` when given); returns how many leading entries are dealt with (the rest
+        wait in the queue), and the keys of the replies the peer took (to forget). ``written``: set once
+        they are on a link."""
+        results = await self._send(items, written, link)
         taken = [it for it, error in zip(items, results, strict=True) if error is None]
         replies = self._peers.count_sent(taken)
         self._note(results, any_taken=bool(taken))
@@ -416,12 +552,15 @@ class Peer:
 
     # --- the wire ----------------------------------------------------------------------------------------
 
-    async def _send(self, items: list[SendItem]) -> list[DeliveryError | None]:
+    async def _send(
+        self, items: list[SendItem], written: asyncio.Event | None = None, link: Link | None = None
+    ) -> list[DeliveryError | None]:
         """Stamp, sign and send ``items`` over the link, else in POSTs; one result per item (None: the peer
         has it). Each attempt goes to the event log."""
         peers = self._peers
         started_at, started = peers.clock(), time.perf_counter()
-        results = await self._transmit(items, replies_only=not any(item.is_request for item in items))
+        replies_only = not any(item.is_request for item in items)
+        results = await self._transmit(items, replies_only=replies_only, written=written, on=link)
         duration_us = int((time.perf_counter() - started) * 1_000_000)
         for item, error in zip(items, results, strict=True):
             if error is not None and not error.attempted:
@@ -439,20 +578,29 @@ class Peer:
         if failures:
             activity.failed(self.twin, failures[-1].cause)
 
-    async def _transmit(self, items: list[SendItem], *, replies_only: bool) -> list[DeliveryError | None]:
+    async def _transmit(
+        self,
+        items: list[SendItem],
+        *,
+        replies_only: bool,
+        written: asyncio.Event | None = None,
+        on: Link | None = None,
+    ) -> list[DeliveryError | None]:
         links = self._peers.links
-        link = None
+        link = on
         now = time.monotonic()
         # One message now and then goes in a POST whose connection is not kept.
         lone = len(items) == 1 and now - self._sent_at >= BUSY_WITHIN_S
         # A link pays for its handshake only if more follows.
         busy = len(items) >= self._peers.link_after or now - self._sent_at < BUSY_WITHIN_S
         self._sent_at = now
-        if links is not None:
+        if links is not None and link is None:
             try:
                 link = await links.link_to(self.twin, replies_only=replies_only, open_new=busy)
             except DeliveryError as exc:
                 return [exc] * len(items)
+        if written is not None:
+            self._window_link = link
         if link is None and not replies_only and await self._answered_only_over_links():
             return await self._without_way_back(items, lone=lone)
         # Through a relay (a link to another twin, or POSTs to the twin's relay), payloads are encrypted for
@@ -467,7 +615,7 @@ class Peer:
             return [DeliveryError(str(exc), kind="refused", final=True)] * len(items)
         if link is not None:
             started = time.perf_counter()
-            results = await send_envelopes(link, signed, self._peers.links_timeout_s)
+            results = await send_envelopes(link, signed, self._peers.links_timeout_s, written)
             self._peers.metrics.observe_send("link", time.perf_counter() - started)
             if links is not None and not replies_only and link.peer == self.twin:
                 links.expect_answers(self.twin, _answers_within_s(items))
@@ -623,6 +771,12 @@ class Peer:
             self.waits_for_uplink = False
             log.info("twin %s's uplink is open; sending what waited", self.twin, extra=about(dst=self.twin))
         return True
+
+
+def _raise_failure(batch: asyncio.Task[bool]) -> None:
+    """Raise what a batch sent beside the sender failed with (it handles Redis and socket errors itself)."""
+    if not batch.cancelled() and (exc := batch.exception()) is not None:
+        raise exc
 
 
 def _answers_within_s(items: Sequence[SendItem]) -> float:

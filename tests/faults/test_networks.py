@@ -13,10 +13,14 @@ One bed for the module, its sites started once::
     thin-a, thin-b   (twins 4, 5) a thin cable between them, at thin-b
     edge (twin 6)    behind NAT, no address, --uplink 1
     plain (twin 7)   --no-links: a site that takes POSTs only, as go-rmb
+
+Across a long round trip, cloud and wired also check that requests run in push order each way while batches
+go before the ones ahead of them are answered, through a reset of the links.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +40,7 @@ from tests.faults.network_runs import (
     wait_answered,
     wait_done,
 )
+from tests.support.services import RawService
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(150)]
 
@@ -390,3 +395,58 @@ def test_7_edge_calling_a_site_that_takes_no_links_is_refused_at_once(world: Wor
     ran = [request.src for service in services for request in service.requests]
     assert ran == [cloud.twin], f"the plain site's service ran requests from {ran}"
     assert accepted.outcomes[0][0].err == ""
+
+
+# --- 8. a long round trip: several batches on their way at once, in push order through a reset ----------
+
+ORDER_DELAY_MS = 100
+ORDER_PER_S = 50
+RESET_S = 1.0
+# Across 200 ms round trips each step back costs round trips of its own: the probe's POST, the new links'
+# TCP and WebSocket handshakes, then the frames of what waited.
+ORDER_AFTER_HEAL_S = 8.0
+
+
+def first_runs(service: RawService, flow: Flow) -> list[int]:
+    """The numbers of ``flow``'s requests in the order ``service`` first ran them."""
+    runs: list[int] = []
+    seen: set[int] = set()
+    for request in list(service.requests):
+        if request.src == flow.caller.twin and request.ret == flow.ret and int(request.uid) not in seen:
+            seen.add(int(request.uid))
+            runs.append(int(request.uid))
+    return runs
+
+
+def test_8_long_round_trip_requests_both_ways_run_in_push_order_through_a_reset(world: World) -> None:
+    a, b = world.cloud, world.wired
+    began = time.time()
+    with (
+        serving([a, b]) as services,
+        Flow(a, b, name="ordered-to-b") as there,
+        Flow(b, a, name="ordered-to-a") as back,
+        world.bed.delay(ORDER_DELAY_MS),
+    ):
+        started = time.monotonic()
+        with Pacer([there, back], per_s=ORDER_PER_S) as pacer:
+            wait_answered([there, back], ORDER_PER_S, WARM_UP_S)
+            # The links break with batches on their way each way.
+            with world.bed.reset(b.host):
+                hold(RESET_S)
+            healed = time.monotonic()
+            pacer.wait_rounds(ORDER_PER_S, 10)
+        wait_done([there, back], CATCH_UP_S)
+        result = audit(
+            f"N8. {2 * ORDER_DELAY_MS} ms round trips, {ORDER_PER_S} req/s each way, reset {RESET_S:g} s",
+            [there, back],
+            services,
+            started=started,
+            healed_at=healed,
+            limit_after_heal_s=ORDER_AFTER_HEAL_S,
+        )
+    for service, flow in ((services[1], there), (services[0], back)):
+        runs = first_runs(service, flow)
+        late = [later for earlier, later in itertools.pairwise(runs) if later < earlier]
+        if late:
+            result.problems.append(f"{flow.name}: {len(late)} requests ran after later ones, first {late[0]}")
+    result.check([a, b], since=began)

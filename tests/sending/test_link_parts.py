@@ -311,6 +311,37 @@ async def ack_between_parts() -> None:
         assert pair.at_opener.received[-1][:4] == ("part", 1, False, True)
 
 
+async def test_frames_behind_an_ack_waiting_for_its_turn_are_answered_meanwhile() -> None:
+    async with link_pair() as pair:
+        pair.at_site.hold = asyncio.Event()
+        big = asyncio.ensure_future(pair.site.send([message(text(3 * MIB, "big:"))], TIMEOUT_S))
+        await pair.until(lambda: len(pair.at_site.sent) == 1, "the large frame's first part")
+        # The site's writer waits to write the large frame's second part: each ack waits for its turn.
+        smalls = [asyncio.ensure_future(pair.opener.send([message(f"small-{n}")], TIMEOUT_S)) for n in (1, 2)]
+        await pair.until(
+            lambda: {(SITE, "small-1"), (SITE, "small-2")} <= set(pair.answered), "both small frames answered"
+        )
+        assert not any(small.done() for small in smalls)
+        pair.at_site.hold.set()
+        assert [await small for small in smalls] == [[Result(200)], [Result(200)]]
+        assert await big == [Result(200)]
+
+
+async def test_a_frame_is_told_written_before_its_answer_comes() -> None:
+    async with link_pair() as pair:
+        # The site's answer is a long refusal: its ack goes in parts, held after the first.
+        pair.at_site.hold = asyncio.Event()
+        written = asyncio.Event()
+        envelope = f"{LONG_REFUSAL}small"
+        sent = asyncio.ensure_future(pair.opener.send([message(envelope)], TIMEOUT_S, written))
+        await asyncio.wait_for(written.wait(), TIMEOUT_S)
+        await pair.until(lambda: len(pair.at_site.sent) == 1, "the ack's first part")
+        assert (SITE, envelope) in pair.answered
+        assert not sent.done()
+        pair.at_site.hold.set()
+        assert await sent == [Result(400, "x" * REFUSAL_CHARS)]
+
+
 async def test_an_end_whose_peer_does_not_read_parts_writes_it_whole_frames() -> None:
     async with link_pair(opener_reads_parts=False) as pair:
         there, back = text(MIB, "there:"), text(MIB, "back:")
