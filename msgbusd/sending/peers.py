@@ -6,10 +6,12 @@
 2. The peer's sender reads the head of that queue (or takes what was just accepted straight from memory
    while memory and the queue are known to be in step), stamps and signs each envelope, and sends up to
    :data:`BATCH` of them at once: over the link to a msgbus site (:mod:`msgbusd.sending.links`), or in POSTs
-   to a site that takes no links (go-rmb, or ``--no-links``; :mod:`msgbusd.sending.posts`).
-3. Every envelope gets its own answer. The queue is popped only once the peer has them (or once their
-   failure is in the schedule), so what waits for a slow or absent peer stays in Redis, in order, not in
-   memory; a crash at any point sends again, and the receiver drops what it already has.
+   to a site that takes no links (go-rmb, or ``--no-links``; :mod:`msgbusd.sending.posts`). On a link up to
+   :data:`WINDOW` batches are on their way at once, each read after the ones before it (from memory or the
+   queue); those with requests all on one link, so that one that breaks fails the ones after it too.
+3. Every envelope gets its own answer. The queue is popped, in order, only once the peer has them (or once
+   their failure is in the schedule), so what waits for a slow or absent peer stays in Redis, in order, not
+   in memory; a crash at any point sends again, and the receiver drops what it already has.
 4. A refusal is the message's own failure: :mod:`msgbusd.sending.schedule` counts the try and moves it to the
    retry schedule, from where the timer puts it back in the send queue when it is due (or it gets its final
    error). A 503 with ``Retry-After`` is sent again after that long, costing no try.
@@ -207,8 +209,9 @@ class Peer:
         self._window: deque[asyncio.Task[bool]] = deque()
         self._window_sent_at = -math.inf
         self._window_error: RedisError | OSError | None = None
-        # The link each batch on its way went on (None: in POSTs), and whether it carries requests.
-        self._window_on: dict[asyncio.Task[bool], tuple[Link | None, bool]] = {}
+        # Each batch on its way: the link it went on (None: in POSTs), whether it carries requests, and the
+        # send queue's entries it takes out.
+        self._window_on: dict[asyncio.Task[bool], tuple[Link | None, bool, list[str]]] = {}
         # The link the batch being written went on.
         self._window_link: Link | None = None
 
@@ -253,11 +256,13 @@ class Peer:
         gone)."""
         if not self._peers.holds(self.twin):
             return False
-        in_step = lane.trusted and not self.health.is_down and lane.paused_until <= time.monotonic()
+        ready = not self.health.is_down and lane.paused_until <= time.monotonic()
+        from_memory = lane.trusted and (bool(lane.fresh) or not lane.recheck)
+        from_queue = not lane.trusted and not lane.recheck and not self.large.entries
         waited_for = self._window or self._window_error is not None
-        if waited_for and not (in_step and (lane.fresh or not lane.recheck)):
-            # Anything but more from memory, or waiting for it, starts from what the batches on their way
-            # end with.
+        if waited_for and not (ready and (from_memory or from_queue)):
+            # Anything but more from memory or from the queue, or waiting for it, starts from what the
+            # batches on their way end with.
             await self._drain_window()
             return True
         if self.health.is_down:
@@ -274,8 +279,11 @@ class Peer:
             lane.distrust()
         elif not lane.trusted:
             lane.missed = False
-            async with self._peers.turns:
-                all_sent = await self._send_some(lane)
+            if self.large.entries:
+                async with self._peers.turns:
+                    all_sent = await self._send_some(lane)
+            else:
+                all_sent = await self._read_ahead(lane)
             if all_sent and not lane.missed:
                 lane.caught_up()
         else:
@@ -302,30 +310,86 @@ class Peer:
     async def _send_fresh(self, lane: Lane) -> None:
         """Send what was just queued straight from memory, beside the batches still awaiting their
         answers; the Redis queue is popped, not read."""
+        if not await self._window_has_room():
+            return
+        items = self._set_aside([lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))])
+        if items:
+            await self._start_batch(lane, items, [item.entry for item in items])
+
+    async def _read_ahead(self, lane: Lane) -> bool:
+        """Send the next batch of the Redis queue, the one after the batches on their way, beside them (as
+        :meth:`_send_fresh` does from memory: a backlog crosses a long round trip several batches at a
+        time); True when that was the rest of the queue."""
+        if not await self._window_has_room():
+            return False
+        on_their_way = [entry for batch in self._window for entry in self._window_on[batch][2]]
+        known = set(on_their_way)
+        items: list[SendItem] = []
+        async with self._peers.turns:
+            read = await self._store.send_queue_heads(self.twin, len(on_their_way) + BATCH)
+            # Those on their way still in the queue lead it (they leave it from the head, in order).
+            ahead = 0
+            while ahead < len(read) and read[ahead] in known:
+                ahead += 1
+            entries = read[ahead : ahead + BATCH]
+            in_step = not any(entry in known for entry in read[ahead:])
+            if entries and in_step:
+                self._peers.metrics.send_queue_read()
+                items = await self._peers.items.read(entries)
+        if not in_step:
+            # The queue changed otherwise (another instance's word was late): read again from the head once
+            # the batches on their way are settled.
+            await self._drain_window()
+            return False
+        whole = len(read) < len(on_their_way) + BATCH and len(read) - ahead <= BATCH
+        if not entries:
+            return whole
+        lane.sent_from_redis([*on_their_way, *entries])
+        batch = self._set_aside(items)
+        if len(batch) < len(items):
+            taken = {item.entry for item in batch}
+            set_aside = {item.entry for item in items if item.entry not in taken}
+            entries = [entry for entry in entries if entry not in set_aside]
+        await self._start_batch(lane, batch, entries)
+        return whole
+
+    async def _window_has_room(self) -> bool:
+        """Whether another batch may leave now, beside the ones on their way; if not, wait until one of them
+        is answered or the pace allows another (the step looks again after). A batch that did not all go
+        ends the window (raising what it failed with)."""
         window = self._window
         while window and window[0].done():
             self._window_on.pop(window[0], None)
-            _raise_failure(window.popleft())
+            if not _succeeded(window.popleft()):
+                await self._drain_window()
+                return False
+        if self._window_error is not None:
+            await self._drain_window()
+            return False
         if window:
             wait_s = self._window_sent_at + WINDOW_AFTER_S - time.monotonic()
             if len(window) >= WINDOW or wait_s > 0:
-                # What comes meanwhile goes in the same batch; the step looks again after.
+                # What comes meanwhile goes in the same batch.
                 timeout = None if len(window) >= WINDOW else wait_s
                 await asyncio.wait(window, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                return
-        items = self._set_aside([lane.fresh.popleft() for _ in range(min(BATCH, len(lane.fresh)))])
-        if not items:
-            return
+                return False
+        return True
+
+    async def _start_batch(self, lane: Lane, items: list[SendItem], entries: list[str]) -> None:
+        """Send ``items`` (the send queue's ``entries``, in order; an entry without an item is finished) in a
+        batch of the window; returns once it is written."""
         written = asyncio.Event()
+        window = self._window
         before = window[-1] if window else None
         beside = self._link_beside(items) if before is not None else None
-        batch = asyncio.ensure_future(self._send_batch(lane, items, before, beside, written))
+        batch = asyncio.ensure_future(self._send_batch(lane, items, entries, before, beside, written))
         batch.add_done_callback(lambda _: written.set())
         window.append(batch)
+        self._window_on[batch] = (None, True, entries)
         self._window_sent_at = time.monotonic()
         # The next batch is written after this one.
         await written.wait()
-        self._window_on[batch] = (self._window_link, any(item.is_request for item in items))
+        self._window_on[batch] = (self._window_link, any(item.is_request for item in items), entries)
 
     def _link_beside(self, items: list[SendItem]) -> Link | None:
         """The link ``items`` can go on now, beside the batches on their way, if any: an open one, the
@@ -344,7 +408,7 @@ class Peer:
                 if batch.cancelled() or batch.exception() is not None or not batch.result():
                     return None
                 continue
-            on, with_requests = self._window_on.get(batch, (None, True))
+            on, with_requests, _ = self._window_on.get(batch, (None, True, []))
             if on is None or not on.is_open or (has_requests and with_requests and on is not link):
                 return None
         return link
@@ -353,22 +417,25 @@ class Peer:
         self,
         lane: Lane,
         items: list[SendItem],
+        entries: list[str],
         before: asyncio.Task[bool] | None,
         beside: Link | None,
         written: asyncio.Event,
     ) -> bool:
-        """Send a batch from memory; once the batches before it are out of the queue, take it out too.
+        """Send a batch; once the batches before it are out of the queue, take it (``entries``) out too.
         True when all of it went and the queue began with it; otherwise the lane sends from Redis again
         (the peer drops what it already has)."""
-        entries = [item.entry for item in items]
         try:
             if before is not None and beside is None and not await before:
                 # Sent after the batches before are settled, and only if they all went: otherwise it would
                 # arrive before what they leave in the queue.
                 lane.distrust()
                 return False
-            async with self._peers.turns:
-                done, replies = await self._deliver(lane, entries, items, written, beside)
+            if items:
+                async with self._peers.turns:
+                    done, replies = await self._deliver(lane, entries, items, written, beside)
+            else:
+                done, replies = len(entries), []
             written.set()
             if before is not None and not await before:
                 lane.distrust()
@@ -771,6 +838,11 @@ class Peer:
             self.waits_for_uplink = False
             log.info("twin %s's uplink is open; sending what waited", self.twin, extra=about(dst=self.twin))
         return True
+
+
+def _succeeded(batch: asyncio.Task[bool]) -> bool:
+    """A batch sent beside the sender all went (and is out of the queue)."""
+    return not batch.cancelled() and batch.exception() is None and batch.result()
 
 
 def _raise_failure(batch: asyncio.Task[bool]) -> None:
