@@ -360,8 +360,10 @@ class Peer:
         window = self._window
         while window and window[0].done():
             self._window_on.pop(window[0], None)
-            if not _succeeded(window.popleft()):
+            batch = window.popleft()
+            if not _succeeded(batch):
                 await self._drain_window()
+                _raise_failure(batch)
                 return False
         if self._window_error is not None:
             await self._drain_window()
