@@ -383,7 +383,8 @@ class Peer:
         written = asyncio.Event()
         window = self._window
         before = window[-1] if window else None
-        beside = self._link_beside(items) if before is not None else None
+        has_requests = any(item.is_request for item in items)
+        beside = self._link_beside(has_requests) if before is not None else None
         batch = asyncio.ensure_future(self._send_batch(lane, items, entries, before, beside, written))
         batch.add_done_callback(lambda _: written.set())
         window.append(batch)
@@ -391,26 +392,25 @@ class Peer:
         self._window_sent_at = time.monotonic()
         # The next batch is written after this one.
         await written.wait()
-        self._window_on[batch] = (self._window_link, any(item.is_request for item in items), entries)
+        self._window_on[batch] = (self._window_link, has_requests, entries)
 
-    def _link_beside(self, items: list[SendItem]) -> Link | None:
-        """The link ``items`` can go on now, beside the batches on their way, if any: an open one, the
-        same as the one each batch on its way with requests went on when ``items`` have requests (a
+    def _link_beside(self, has_requests: bool) -> Link | None:
+        """The link a batch can go on now, beside the batches on their way, if any: an open one, the
+        same as the one each batch on its way with requests went on when it has requests (a
         broken link fails both, and both come again from the queue in order; what one peer's requests and
         replies carry is not ordered across them), and none once a batch before did not all go."""
         links = self._peers.links
         if links is None:
             return None
-        has_requests = any(item.is_request for item in items)
         link = links.current(self.twin, replies_only=not has_requests)
         if link is None:
             return None
         for batch in self._window:
             if batch.done():
-                if batch.cancelled() or batch.exception() is not None or not batch.result():
+                if not _succeeded(batch):
                     return None
                 continue
-            on, with_requests, _ = self._window_on.get(batch, (None, True, []))
+            on, with_requests, _ = self._window_on[batch]
             if on is None or not on.is_open or (has_requests and with_requests and on is not link):
                 return None
         return link
