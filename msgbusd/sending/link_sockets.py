@@ -22,11 +22,13 @@ RETIRED = 4000
 
 class LinkClosed(Exception):
     """The link closed (or stalled) before a frame was answered; what it carried is sent again.
-    ``refused``: the other side refused the handshake, or failed ours."""
+    ``refused``: the other side refused the handshake, or failed ours. ``unsent``: nothing of the frame
+    was written (it waited its turn), so the peer cannot have it: no try of its messages."""
 
-    def __init__(self, reason: str, *, refused: bool = False) -> None:
+    def __init__(self, reason: str, *, refused: bool = False, unsent: bool = False) -> None:
         super().__init__(reason)
         self.refused = refused
+        self.unsent = unsent
 
 
 class Socket(Protocol):

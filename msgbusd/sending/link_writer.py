@@ -86,7 +86,7 @@ class FairWriter:
         """Write ``frame``; returns once its last piece is written. Raises :class:`LinkClosed` if the link
         closes first. The frame is queued before this first waits."""
         if self._closed is not None:
-            raise LinkClosed(self._closed)
+            raise LinkClosed(self._closed, unsent=True)
         in_parts = self._parts and len(frame) > PART_BYTES
         if not in_parts and self._task is None and not self._direct:
             await self._write_at_once(frame)
@@ -197,4 +197,4 @@ class FairWriter:
         self._large = 0
         for frame in frames:
             if not frame.written.done():
-                frame.written.set_exception(LinkClosed(self._closed or "closed"))
+                frame.written.set_exception(LinkClosed(self._closed or "closed", unsent=not frame.started))

@@ -197,7 +197,7 @@ class Link:
         takes on a slow cable, the link is not closed for it (a link that makes no progress at all is
         found by the pings)."""
         if self._closed is not None:
-            raise LinkClosed(self._closed)
+            raise LinkClosed(self._closed, unsent=True)
         frame_id = self._next_id
         self._next_id += 1
         self.used_at = self._clock()
@@ -1062,7 +1062,7 @@ async def send_envelopes(
         except LinkClosed as exc:
             error = DeliveryError(f"the link to twin {twin_id} broke: {exc}", offline=True)
             for index in indexes:
-                results[index] = error
+                results[index] = error.not_attempted() if exc.unsent else error
             for index in sendable[done:]:
                 results[index] = error.not_attempted()
             return results

@@ -8,6 +8,7 @@ import asyncio
 import math
 import string
 
+import orjson
 import pytest
 
 from msgbusd.sending.link_parts import (
@@ -21,7 +22,7 @@ from msgbusd.sending.link_parts import (
 )
 from msgbusd.sending.link_sockets import LinkClosed
 from msgbusd.sending.link_writer import FairWriter
-from msgbusd.sending.links import Result
+from msgbusd.sending.links import Result, send_envelopes
 from tests.sending.link_pair import (
     LONG_REFUSAL,
     LOOPS,
@@ -197,11 +198,15 @@ async def test_closing_the_writer_fails_what_is_not_written() -> None:
     ]
     await writing.wait()
     await writer.close("the link closed")
+    # The large frame's first part was being written; nothing of the small one, nor of a later one.
+    unsent = []
     for write in writes:
-        with pytest.raises(LinkClosed, match="the link closed"):
+        with pytest.raises(LinkClosed, match="the link closed") as closed:
             await write
-    with pytest.raises(LinkClosed, match="the link closed"):
+        unsent.append(closed.value.unsent)
+    with pytest.raises(LinkClosed, match="the link closed") as closed:
         await writer.write(b"later")
+    assert [*unsent, closed.value.unsent] == [False, True, True]
 
 
 async def test_to_a_peer_that_does_not_read_parts_every_frame_goes_whole_in_order() -> None:
@@ -325,6 +330,23 @@ async def test_frames_behind_an_ack_waiting_for_its_turn_are_answered_meanwhile(
         pair.at_site.hold.set()
         assert [await small for small in smalls] == [[Result(200)], [Result(200)]]
         assert await big == [Result(200)]
+
+
+async def test_messages_of_a_frame_not_written_when_its_link_broke_were_not_tried() -> None:
+    async with link_pair() as pair:
+        pair.at_opener.hold = asyncio.Event()
+        big = asyncio.ensure_future(
+            send_envelopes(pair.opener, [("/zbus-remote", orjson.dumps(text(3 * MIB, "big:")))], TIMEOUT_S)
+        )
+        await pair.until(lambda: len(pair.at_opener.sent) == 1, "the large frame's first part")
+        # Queued behind the large frame's next part, which the writer is held writing.
+        small = asyncio.ensure_future(send_envelopes(pair.opener, [("/zbus-remote", b'"small"')], TIMEOUT_S))
+        await asyncio.sleep(0)
+        await pair.opener.close("cut")
+        [big_error], [small_error] = await big, await small
+        assert big_error is not None and small_error is not None
+        assert "the link to twin 2 broke: cut" == big_error.cause == small_error.cause
+        assert (big_error.attempted, small_error.attempted) == (True, False)
 
 
 async def test_a_frame_is_told_written_before_its_answer_comes() -> None:
