@@ -159,6 +159,10 @@ def test_a_12_mib_payload_crosses_a_link() -> None:
 
 # What site 1 logs when its links to twin 2 keep breaking.
 FALLBACK = "sending it POSTs for"
+# Each cut costs the messages on their way a try (two when it also fails the link opened after it); on a
+# slow machine the links take long to give way to POSTs, and a message may meet many cuts. What this test
+# judges is that nothing is lost or run twice, not how many tries a request may have.
+CUT_TRIES = 1000
 
 
 @pytest.mark.slow
@@ -193,13 +197,16 @@ def test_links_cut_mid_frame_lose_nothing_and_run_nothing_twice() -> None:
             while cuts < 10 or (FALLBACK not in cluster.sites[0].log() and cuts < 100):
                 for _ in range(10):
                     n = len(rets)
-                    rets[n] = push_request(conn, [2], "echo.cut", b"%d" % n, exp=60, retries=8, rpush=True)
+                    rets[n] = push_request(
+                        conn, [2], "echo.cut", b"%d" % n, exp=60, retries=CUT_TRIES, rpush=True
+                    )
                 time.sleep(0.02)
             stop_cutting.set()
             cutter.join()
             replies = {n: pop_replies(conn, ret, 1, 60)[0] for n, ret in rets.items()}
         assert sum(proxy.connections for proxy in proxies) >= 5, "the link was not opened again after cuts"
-        assert {n: (r.err, r.payload) for n, r in replies.items()} == {n: ("", b"%d" % n) for n in rets}
+        wrong = {n: (r.err, r.payload) for n, r in replies.items() if (r.err, r.payload) != ("", b"%d" % n)}
+        assert wrong == {}, f"{len(wrong)} of {len(replies)} answers are not the echo"
         assert max(service.payloads.values()) == 1
         assert sorted(service.payloads) == sorted(b"%d" % n for n in rets)
         assert time.monotonic() - started < 60
