@@ -4,7 +4,7 @@ Only needs ``redis`` (and ``typer`` for the ``msgbus`` command); the daemon's we
 """
 
 from client.aio import AsyncClient
-from client.errors import ClientError, HandlerError, ProtocolError
+from client.errors import ClientError, HandlerError, ProtocolError, SiteRedisFull
 from client.protocol import DEFAULT_EXP_S, DEFAULT_REDIS_URL, DEFAULT_RETRIES
 from client.replies import CallTimeout, RemoteError, Reply
 from client.request import HandlerResult, Request
@@ -28,5 +28,6 @@ __all__ = [
     "Reply",
     "Request",
     "Service",
+    "SiteRedisFull",
     "exec_handler",
 ]

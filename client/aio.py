@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from client.errors import SiteRedisFull, refused_when_full
 from client.protocol import (
     DEFAULT_REDIS_URL,
     DEFAULT_RETRIES,
@@ -84,11 +85,13 @@ class AsyncClient:
         """Push a request for ``cmd`` to each twin in ``dst`` and return its return queue, without waiting.
 
         ``exp`` is the request's lifetime in seconds (0: the daemon's default, 3600); ``retries`` is how often
-        the daemon retries a failed delivery.
+        the daemon retries a failed delivery. Raises :class:`~client.errors.SiteRedisFull` if the site's
+        Redis is full.
         """
         request = build_request(dst, cmd, data, exp=exp, retries=retries)
         # RPUSH: the daemon pops from the left, so requests are served in the order they were sent.
-        await self._redis.rpush(keys.LOCAL, request.encode())
+        with refused_when_full("new requests", "nothing was sent"):
+            await self._redis.rpush(keys.LOCAL, request.encode())
         return request.ret
 
     async def wait(
@@ -102,8 +105,9 @@ class AsyncClient:
         earlier wait took but did not return.
 
         ``timeout`` defaults to the default request lifetime (``math.inf`` waits forever); raises
-        :class:`~client.errors.CallTimeout` if fewer replies arrive in time, and ``redis``'s
-        ``ConnectionError`` if Redis does not answer at first or stays away until then.
+        :class:`~client.errors.CallTimeout` if fewer replies arrive in time, ``redis``'s ``ConnectionError``
+        if Redis does not answer at first or stays away until then, and
+        :class:`~client.errors.SiteRedisFull` if it is still full then (it has no room to hand replies over).
         """
         return await self._collect(ReplyCollector(ret, count=count), wait_timeout(timeout))
 
@@ -122,7 +126,8 @@ class AsyncClient:
         ``timeout`` defaults to the request's lifetime plus a grace period. Replies carrying an error are
         returned, not raised; raises :class:`~client.errors.CallTimeout` if some twin does not answer in time
         and :class:`~client.errors.ProtocolError` if a reply cannot be decoded. A connection lost while
-        waiting is retried until the timeout.
+        waiting is retried until the timeout, and so is a full Redis; one full before the request is sent
+        raises :class:`~client.errors.SiteRedisFull` (nothing was sent).
         """
         twins = destinations(dst)
         seconds = call_timeout(timeout, exp)
@@ -167,10 +172,11 @@ class AsyncClient:
         taker = ReplyTaker(collector, seconds, pop_chunk(socket_timeout), fresh=fresh)
         while not taker.finished:
             try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    taker.queue(pipe)
-                    results = await pipe.execute()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+                with taker.redis_full():
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        taker.queue(pipe)
+                        results = await pipe.execute()
+            except (RedisConnectionError, RedisTimeoutError, SiteRedisFull) as exc:
                 delay = taker.retry_after(exc)
                 if delay is None:
                     raise

@@ -1,9 +1,9 @@
 """The ``msgbus`` command: send requests, wait for replies, serve a command with a program, show an identity,
 show a site's status.
 
-Exit status: 0 success; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis (or the twin source)
-unreachable or an undecodable reply; 4 a missing optional dependency. ``msgbus status`` has its own: 0
-healthy, 1 degraded, 2 unreachable.
+Exit status: 0 success; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis unreachable or full (or
+the twin source unreachable), or an undecodable reply; 4 a missing optional dependency. ``msgbus status``
+has its own: 0 healthy, 1 degraded, 2 unreachable.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from wire.redis_url import sync_client
 app = typer.Typer(
     name="msgbus",
     help="Talk to the message bus through the local site's Redis.\n\n"
-    "Exit status: 0 ok; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis unreachable or an "
-    "undecodable reply.",
+    "Exit status: 0 ok; 1 a reply carries an error; 2 timeout or bad usage; 3 Redis unreachable or full, or "
+    "an undecodable reply.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -352,8 +352,9 @@ def status(
     """Show the site's health: its twin and version, Redis and its memory, queue depths, the backlog,
     overdue requests, dead letters, each peer's state and queue, and the last minute's traffic.
 
-    Exit status: 0 healthy; 1 degraded (a peer down, overdue requests, recent dead letters, a problem the
-    daemon reports); 2 unreachable (Redis or the daemon does not answer) or bad usage.
+    Exit status: 0 healthy; 1 degraded (a peer down, overdue requests, recent dead letters, Redis full or
+    evicting, a problem the daemon reports); 2 unreachable (Redis or the daemon does not answer) or bad
+    usage.
     """
     try:
         open_redis(redis_url, timeout).close()

@@ -11,6 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from client.errors import SiteRedisFull
 from wire.redis_url import redacted
 
 EXIT_REPLY_ERROR = 1
@@ -30,6 +31,8 @@ def redis_errors(redis_url: str) -> Iterator[None]:
     """Turn Redis failures into an exit with status 3 and a line that says what went wrong."""
     try:
         yield
+    except SiteRedisFull as exc:
+        fail(str(exc), EXIT_REDIS)
     except (RedisConnectionError, RedisTimeoutError) as exc:
         fail(f"cannot connect to Redis at {redact(redis_url)}: {exc}", EXIT_REDIS)
     except RedisError as exc:

@@ -12,9 +12,10 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
 
-from client.errors import ClientError, ProtocolError
+from client.errors import ClientError, ProtocolError, SiteRedisFull, refused_when_full
 from client.replies import CallTimeout, Reply, decode_envelope
 from wire import keys
 from wire.backoff import Backoff
@@ -221,6 +222,9 @@ class ReplyTaker:
     a connection error, then returns :meth:`result`. Normally that is one round trip per reply, and one more
     to remove the replies at the end. ``fresh`` says that ``ret`` was just made for a request that Redis
     took: nothing can have been taken from it yet.
+
+    A full Redis refuses the moves (they write): a driver runs each round trip in :meth:`redis_full`, and the
+    wait goes on like one that lost its connection, the replies waiting in Redis until it has room.
     """
 
     def __init__(
@@ -270,6 +274,13 @@ class ReplyTaker:
         pipe.expire(taken, keys.RETURN_QUEUE_TTL_S)
         pipe.llen(taken)
 
+    def redis_full(self) -> AbstractContextManager[None]:
+        """Where a driver runs a round trip: Redis's refusal for want of memory becomes
+        :class:`SiteRedisFull`, which :meth:`retry_after` takes like a lost connection."""
+        return refused_when_full(
+            "to hand over replies", f"the replies that arrived stay on {self._ret} for a later wait"
+        )
+
     def take(self, results: Sequence[Any]) -> None:
         """Act on the answers to the commands :meth:`queue` queued last."""
         self._reached = True
@@ -311,7 +322,10 @@ class ReplyTaker:
         if self._round is not _Round.FINISH:
             # The lost answer may have been a move: look in the taken list before moving more.
             self._round = _Round.DRAIN
-        log.warning("lost Redis while waiting for replies on %s (%s); retrying", self._ret, error)
+        if isinstance(error, SiteRedisFull):
+            log.warning("the site's Redis is full: the replies on %s are taken once it has room", self._ret)
+        else:
+            log.warning("lost Redis while waiting for replies on %s (%s); retrying", self._ret, error)
         return min(RECONNECT_BACKOFF.delay_s(min(self._errors_in_a_row, 32)), remaining)
 
     def result(self) -> list[Reply]:

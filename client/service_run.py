@@ -5,7 +5,9 @@ free (``workers`` per command), and starts a handler for each; a slow handler ne
 One flusher queues the replies of finished handlers on ``msgbus.system.reply``, many per transaction, each
 in the same transaction that removes its request from the processing list. A service killed meanwhile
 finds its unanswered requests there at the next start (:mod:`wire.reliable_list`): every request reaches a
-handler at least once.
+handler at least once. A Redis that is away, or full (:class:`~client.errors.SiteRedisFull`: it refuses the
+moves and the replies), is tried again with backoff; in burst mode a taker raises its error instead (replies
+are always tried again).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from client.errors import SiteRedisFull, refused_when_full
 from wire import keys
 from wire.backoff import REDIS_RECONNECT, sleep_unless
 from wire.envelope import Envelope
@@ -28,6 +31,8 @@ log = logging.getLogger("client.service")
 TAKE_BATCH = 256
 # Attempts to queue the last replies once stopping, before leaving them for the next start.
 FLUSH_TRIES_WHEN_STOPPING = 4
+# What a full Redis refuses a service that takes requests (they are moved, a write).
+HANDING_REQUESTS_OVER = "to hand requests over"
 
 ServeOne = Callable[[bytes], Awaitable[Envelope | None]]
 
@@ -85,8 +90,9 @@ class ServiceRun:
         failures = 0
         while not self._stopping.is_set():
             try:
-                moved = await source.take_back()
-            except (RedisError, OSError) as exc:
+                with refused_when_full(HANDING_REQUESTS_OVER):
+                    moved = await source.take_back()
+            except (RedisError, OSError, SiteRedisFull) as exc:
                 failures += 1
                 await self._wait_for_redis(exc, failures, f"take back the requests of {source.queue}")
                 continue
@@ -118,9 +124,10 @@ class ServiceRun:
                 return
             try:
                 count = min(room, TAKE_BATCH)
-                raws = await (source.take_now(count) if self._burst else source.take(count, self._poll_s))
+                with refused_when_full(HANDING_REQUESTS_OVER):
+                    raws = await (source.take_now(count) if self._burst else source.take(count, self._poll_s))
                 failures = 0
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, SiteRedisFull) as exc:
                 failures += 1
                 await self._wait_for_redis(exc, failures, f"take requests from {source.queue}")
                 continue
@@ -167,7 +174,7 @@ class ServiceRun:
             try:
                 await self._flush(batch)
                 failures = 0
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, SiteRedisFull) as exc:
                 self._done[:0] = batch
                 failures += 1
                 if closing.is_set() and failures >= FLUSH_TRIES_WHEN_STOPPING:
@@ -185,9 +192,10 @@ class ServiceRun:
                 self._done_event.set()
 
     async def _flush(self, batch: list[tuple[ReliableList, bytes, bytes | None]]) -> None:
-        async with self._conn.pipeline(transaction=True) as pipe:
-            for source, raw, reply in batch:
-                if reply is not None:
-                    pipe.lpush(keys.REPLY, reply)
-                source.ack_on(pipe, raw)
-            await pipe.execute()
+        with refused_when_full("replies"):
+            async with self._conn.pipeline(transaction=True) as pipe:
+                for source, raw, reply in batch:
+                    if reply is not None:
+                        pipe.lpush(keys.REPLY, reply)
+                    source.ack_on(pipe, raw)
+                await pipe.execute()

@@ -21,6 +21,7 @@ from redis.retry import Retry
 
 from client.cli_common import redact
 from wire import keys
+from wire.redis_memory import NO_EVICTION, maxmemory_policy
 from wire.redis_url import as_text, sync_client
 from wire.site_status import Traffic, optional_number
 
@@ -119,6 +120,19 @@ class RedisView:
     # twin id, "local": taking local requests, "reply": taking the services' replies, "timers").
     instances: tuple[InstanceView, ...] = ()
     holders: dict[str, str] = field(default_factory=dict)
+    # What Redis does when it is full: "noeviction" refuses writes, any other policy deletes keys (queued
+    # messages among them); "" when it does not say.
+    maxmemory_policy: str = ""
+
+    @property
+    def full(self) -> bool:
+        """Redis has reached its maxmemory (under noeviction it refuses writes)."""
+        return bool(self.maxmemory) and self.used_memory >= self.maxmemory
+
+    @property
+    def evicting(self) -> bool:
+        """Redis may delete keys to make room."""
+        return bool(self.maxmemory_policy) and self.maxmemory_policy != NO_EVICTION
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,8 @@ class DaemonView:
     peers: tuple[PeerView, ...]
     traffic: Traffic
     uplinks: tuple[UplinkView, ...] = ()
+    # What the operator should act on though the bus works (a log it cannot write, a clock off, ...).
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -250,6 +266,7 @@ def read_redis(redis_url: str, now: float, timeout_s: float = DEFAULT_TIMEOUT_S)
         used_memory_human=str(memory.get("used_memory_human", "")),
         maxmemory=int(memory.get("maxmemory", 0)),
         maxmemory_human=str(memory.get("maxmemory_human", "")),
+        maxmemory_policy=maxmemory_policy(memory) or "",
         queues=tuple(
             QueueDepth(queue, int(depths[2 * index]), int(depths[2 * index + 1]))
             for index, queue in enumerate(keys.SYSTEM_QUEUES)
@@ -358,6 +375,7 @@ def parse_report(report: dict[str, Any]) -> DaemonView:
         started_at=float(report["started_at"]),
         uptime_s=float(report["uptime_s"]),
         problems=tuple(str(problem) for problem in report["problems"]),
+        warnings=tuple(str(warning) for warning in report.get("warnings", [])),
         inflight=int(report["inflight"]),
         links_open=int(report["links_open"]),
         peers=tuple(

@@ -3,8 +3,10 @@ status scripts act on.
 
 - 0 healthy: Redis and the daemon answer, and nothing below is wrong.
 - 1 degraded: the site works, but a peer is down, the daemon reports a problem (a loop stuck, its Redis
-  away), requests are past their deadline with no outcome, items were dead-lettered lately, Redis is near
-  its memory limit, or the daemon and Redis belong to different twins.
+  away) or warns of something to act on (an event log it cannot write, a peer's clock off), requests are
+  past their deadline with no outcome, items were dead-lettered lately, Redis is full or near its memory
+  limit, Redis may evict keys (its maxmemory-policy is not noeviction), or the daemon and Redis belong to
+  different twins.
 - 2 unreachable: Redis or the daemon does not answer. Without the daemon nothing is sent, received or
   delivered, so a site whose daemon is down is unreachable even though its Redis still shows what waits.
 """
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.status import OVERDUE_GRACE_S, SiteStatus
+from client.status import OVERDUE_GRACE_S, RedisView, SiteStatus
+from wire.redis_memory import evicting_policy_warning, policy_warning_start
 
 HEALTHY = 0
 DEGRADED = 1
@@ -49,7 +52,8 @@ def assess(status: SiteStatus) -> Verdict:
             "at this site until it is back"
         )
     degraded = [
-        *_daemon_problems(status),
+        *_memory_problems(status),
+        *_fresher_than_the_daemon(_daemon_problems(status), status),
         *_uplink_problems(status),
         *_peer_problems(status),
         *_redis_problems(status),
@@ -63,12 +67,22 @@ def _daemon_problems(status: SiteStatus) -> list[str]:
     if daemon is None:
         return []
     problems = [f"the daemon reports: {problem}" for problem in daemon.problems]
+    problems += daemon.warnings
     if redis is not None and redis.twin is not None and redis.twin != daemon.twin:
         problems.append(
             f"the daemon is twin {daemon.twin} but this Redis was last used by twin {redis.twin}: "
             "--site and --redis name different sites"
         )
     return problems
+
+
+def _fresher_than_the_daemon(problems: list[str], status: SiteStatus) -> list[str]:
+    """``problems`` without the daemon's word on its Redis's maxmemory-policy (read up to 10 s ago) when
+    Redis answered here: :func:`_memory_problems` says what the policy is now."""
+    if status.redis is None:
+        return problems
+    said_here = policy_warning_start(status.redis_url)
+    return [problem for problem in problems if not problem.startswith(said_here)]
 
 
 def _uplink_problems(status: SiteStatus) -> list[str]:
@@ -133,10 +147,34 @@ def _redis_problems(status: SiteStatus) -> list[str]:
                 f"msgbusd process {instance.id} has not beaten for {silent}: the site's other processes "
                 "take its work over"
             )
-    if redis.maxmemory and redis.used_memory >= MEMORY_WARNING_SHARE * redis.maxmemory:
+    return problems
+
+
+def _memory_problems(status: SiteStatus) -> list[str]:
+    """A Redis that is full or nearly, and one that may evict queued messages: first, as nothing new gets
+    through a full one."""
+    redis = status.redis
+    if redis is None:
+        return []
+    problems = []
+    if redis.full:
+        problems.append(_full(redis))
+    elif redis.maxmemory and redis.used_memory >= MEMORY_WARNING_SHARE * redis.maxmemory:
         share = redis.used_memory / redis.maxmemory
         problems.append(f"Redis uses {share:.0%} of its maxmemory: at the limit it refuses writes")
+    if redis.evicting:
+        problems.append(evicting_policy_warning(status.redis_url, redis.maxmemory_policy))
     return problems
+
+
+def _full(redis: RedisView) -> str:
+    used = f"{redis.used_memory_human} used, maxmemory {redis.maxmemory_human}"
+    if redis.evicting:
+        return f"Redis is full ({used}): it evicts keys to make room, queued messages among them"
+    return (
+        f"Redis is full ({used}): it refuses new messages (local requests, messages from other sites, "
+        "replies) until memory is freed or maxmemory is raised"
+    )
 
 
 def format_duration(seconds: float) -> str:

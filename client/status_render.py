@@ -56,12 +56,18 @@ def to_json(status: SiteStatus, verdict: Verdict) -> dict[str, object]:
             "url": status.redis_url,
             "reachable": redis is not None,
             "error": status.redis_error or None,
-            **(asdict(redis) if redis is not None else {}),
+            **(_redis_fields(redis) if redis is not None else {}),
         },
         "peers": [asdict(peer) for peer in status.peers],
         "uplinks": [asdict(uplink) for uplink in daemon.uplinks] if daemon is not None else [],
         "traffic": asdict(daemon.traffic) if daemon is not None else None,
     }
+
+
+def _redis_fields(redis: RedisView) -> dict[str, object]:
+    """What Redis holds, and what its memory means: ``full`` (at its maxmemory) and ``evicting`` (its
+    policy may delete keys)."""
+    return {**asdict(redis), "full": redis.full, "evicting": redis.evicting}
 
 
 def render_table(status: SiteStatus, verdict: Verdict, *, colour: bool) -> str:
@@ -120,7 +126,12 @@ def _redis_summary(status: SiteStatus, redis: RedisView | None, paint: Paint) ->
     if redis is None:
         return paint(f"DOES NOT ANSWER: {status.redis_error}", RED)
     limit = f"maxmemory {redis.maxmemory_human}" if redis.maxmemory else "no maxmemory"
-    return f"{paint('answering', GREEN)}; {redis.used_memory_human} used, {limit}"
+    summary = f"{paint('answering', GREEN)}; {redis.used_memory_human} used, {limit}"
+    if redis.full:
+        summary += f" ({paint('FULL', RED)})"
+    if redis.evicting:
+        summary += f", {paint(f'maxmemory-policy {redis.maxmemory_policy}', YELLOW)}"
+    return summary
 
 
 def _queue_lines(redis: RedisView, now: float, paint: Paint) -> list[str]:

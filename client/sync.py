@@ -12,6 +12,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from client.errors import SiteRedisFull, refused_when_full
 from client.protocol import (
     DEFAULT_REDIS_URL,
     DEFAULT_RETRIES,
@@ -85,11 +86,13 @@ class Client:
         """Push a request for ``cmd`` to each twin in ``dst`` and return its return queue, without waiting.
 
         ``exp`` is the request's lifetime in seconds (0: the daemon's default, 3600); ``retries`` is how often
-        the daemon retries a failed delivery.
+        the daemon retries a failed delivery. Raises :class:`~client.errors.SiteRedisFull` if the site's
+        Redis is full.
         """
         request = build_request(dst, cmd, data, exp=exp, retries=retries)
         # RPUSH: the daemon pops from the left, so requests are served in the order they were sent.
-        self._redis.rpush(keys.LOCAL, request.encode())
+        with refused_when_full("new requests", "nothing was sent"):
+            self._redis.rpush(keys.LOCAL, request.encode())
         return request.ret
 
     def wait(self, ret: str, count: int = 1, *, timeout: float | None = None) -> list[Reply]:
@@ -97,8 +100,9 @@ class Client:
         earlier wait took but did not return.
 
         ``timeout`` defaults to the default request lifetime (``math.inf`` waits forever); raises
-        :class:`~client.errors.CallTimeout` if fewer replies arrive in time, and ``redis``'s
-        ``ConnectionError`` if Redis does not answer at first or stays away until then.
+        :class:`~client.errors.CallTimeout` if fewer replies arrive in time, ``redis``'s ``ConnectionError``
+        if Redis does not answer at first or stays away until then, and
+        :class:`~client.errors.SiteRedisFull` if it is still full then (it has no room to hand replies over).
         """
         return self._collect(ReplyCollector(ret, count=count), wait_timeout(timeout))
 
@@ -117,7 +121,8 @@ class Client:
         ``timeout`` defaults to the request's lifetime plus a grace period. Replies carrying an error are
         returned, not raised; raises :class:`~client.errors.CallTimeout` if some twin does not answer in time
         and :class:`~client.errors.ProtocolError` if a reply cannot be decoded. A connection lost while
-        waiting is retried until the timeout.
+        waiting is retried until the timeout, and so is a full Redis; one full before the request is sent
+        raises :class:`~client.errors.SiteRedisFull` (nothing was sent).
         """
         twins = destinations(dst)
         seconds = call_timeout(timeout, exp)
@@ -160,10 +165,10 @@ class Client:
         taker = ReplyTaker(collector, seconds, pop_chunk(socket_timeout), fresh=fresh)
         while not taker.finished:
             try:
-                with self._redis.pipeline(transaction=False) as pipe:
+                with taker.redis_full(), self._redis.pipeline(transaction=False) as pipe:
                     taker.queue(pipe)
                     results = pipe.execute()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except (RedisConnectionError, RedisTimeoutError, SiteRedisFull) as exc:
                 delay = taker.retry_after(exc)
                 if delay is None:
                     raise

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Literal
 
-from wire.error_texts import invalid_message_text
+from wire.error_texts import invalid_message_text, is_too_old_text
 
 # What kind of failure a delivery was, for metrics.
 DeliveryErrorKind = Literal["unreachable", "busy", "refused", "not_found", "other"]
@@ -45,7 +45,8 @@ class DeliveryError(MsgbusError):
     messages now (its Redis is away); sending again after that long is no new attempt. ``attempted`` is
     False for messages of a send that stopped before their turn because the peer had stopped answering.
     ``waits_for_uplink``: the twin is reached over the uplink it opens to this site, and none is open; what
-    waits for it is sent when one opens (no attempt is spent meanwhile).
+    waits for it is sent when one opens (no attempt is spent meanwhile). ``clock_off``: the site refused the
+    message as too old, and its clock is known to be off from this site's.
     """
 
     def __init__(
@@ -58,8 +59,10 @@ class DeliveryError(MsgbusError):
         retry_after_s: float | None = None,
         attempted: bool = True,
         waits_for_uplink: bool = False,
+        clock_off: bool = False,
     ) -> None:
         super().__init__(cause)
+        self.clock_off = clock_off
         self.cause = cause
         self.offline = offline
         # Sending again cannot help (the peer refuses the message as too large): no retry is made.
@@ -97,9 +100,18 @@ UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
 
 def peer_refusal(
-    twin_id: int, status: int, message: str, retry_after_s: float | None = None
+    twin_id: int, status: int, message: str, retry_after_s: float | None = None, *, clock: str = ""
 ) -> DeliveryError:
-    """The error of a message that ``twin_id``'s site answered with ``status`` (not 200) and ``message``."""
+    """The error of a message that ``twin_id``'s site answered with ``status`` (not 200) and ``message``.
+    ``clock``: what is known of that site's clock being off, said when it refused the message as too old
+    (sending again cannot help while the clocks differ)."""
+    if clock and is_too_old_text(message):
+        return DeliveryError(
+            f"twin {twin_id} refused the message: {status} {message}: {clock}",
+            kind="refused",
+            final=True,
+            clock_off=True,
+        )
     if retry_after_s is not None:
         return DeliveryError(
             f"twin {twin_id} cannot take messages now: {status} {message}",

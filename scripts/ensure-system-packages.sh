@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the system programs msgbus runs against (redis-server, mosquitto and its clients for the router's MQTT side, a Java
 # runtime for the Spark job, HAProxy, the load balancer the tests put in front of a site of several machines, and iproute2,
-# iptables and conntrack for the network test bed) when they are missing. Idempotent. The tests start their own mosquitto
+# iptables and conntrack for the network test bed, faketime for a site whose clock is off) when they are missing. Idempotent. The tests start their own mosquitto
 # processes on free ports: the distribution's mosquitto service is not needed (on a machine with systemd it listens on 1883).
 set -eu
 
@@ -19,6 +19,8 @@ command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing="$miss
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing="$missing iproute2"
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || missing="$missing iptables"
 command -v conntrack >/dev/null 2>&1 || [ -x /usr/sbin/conntrack ] || missing="$missing conntrack"
+# libfaketime, for the tests of a site whose clock is off (one daemon started under faketime).
+command -v faketime >/dev/null 2>&1 || missing="$missing faketime"
 [ -z "$missing" ] && exit 0
 
 if [ "$(id -u)" = 0 ]; then

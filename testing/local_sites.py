@@ -256,6 +256,8 @@ class SiteProcess:
     twin_source: str | None = None
     # Run inside this network namespace (``ip netns exec``); ``url`` then only works from inside it.
     netns: str | None = None
+    # Run with the wall clock this far off (libfaketime: Debian's ``faketime``); None: the machine's clock.
+    clock_offset_s: float | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -303,6 +305,11 @@ class SiteProcess:
         with open(self.log_path, "ab") as log_file:
             offset = log_file.tell()
             prefix = ["ip", "netns", "exec", self.netns] if self.netns is not None else []
+            if self.clock_offset_s is not None:
+                # Only the wall clock: timers and timeouts run on the monotonic one, as on a box whose
+                # clock is set wrong.
+                env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+                prefix += ["faketime", "-f", f"{self.clock_offset_s:+.0f}s"]
             self.process = subprocess.Popen(
                 [*prefix, *self.command()], stdout=log_file, stderr=subprocess.STDOUT, env=env
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -170,6 +170,29 @@ def test_a_daemon_that_refuses_the_report_is_unreachable_too() -> None:
     verdict = assess(status)
     assert verdict.exit_code == UNREACHABLE
     assert verdict.problems == ("the daemon gave no status report: answered 403",)
+
+
+def test_what_the_daemon_warns_of_makes_the_site_degraded_and_is_listed_as_said() -> None:
+    warning = "the event log cannot be written (No space left on device): 12 event(s) dropped"
+    report = {**to_report(daemon_view()), "warnings": [warning]}
+    status = site(redis_view(), parse_report(report))
+    verdict = assess(status)
+    assert (verdict.exit_code, verdict.problems) == (DEGRADED, (warning,))
+    assert warning in render_table(status, verdict, colour=False)
+    assert json.loads(render_json(status, verdict))["daemon"]["warnings"] == [warning]
+
+
+def test_a_report_without_warnings_from_an_older_daemon_has_none() -> None:
+    report = to_report(daemon_view())
+    del report["warnings"]
+    assert parse_report(report).warnings == ()
+
+
+def to_report(view: DaemonView) -> dict[str, object]:
+    """``view`` as the daemon's ``/status`` JSON."""
+    report = json.loads(json.dumps(asdict(view)))
+    report["traffic"] = view.traffic.to_json()
+    return report  # type: ignore[no-any-return]
 
 
 def test_a_redis_that_does_not_answer_is_unreachable() -> None:

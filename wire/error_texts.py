@@ -32,6 +32,20 @@ def is_expired_text(err: str) -> bool:
     return err.startswith(_EXPIRED)
 
 
+_TOO_OLD = "message is too old"
+
+
+def too_old_text(age: str, sent_s: int, now_s: int) -> str:
+    """What a site answers (400) to a message stamped longer ago than it takes (go-rmb's text); ``age`` is
+    :func:`go_duration`'s."""
+    return f"{_TOO_OLD}, sent since {age}, sent time: {sent_s}, now: {now_s}"
+
+
+def is_too_old_text(message: str) -> bool:
+    """Whether a site refused a message as stamped too long ago (by its clock)."""
+    return message.startswith(_TOO_OLD)
+
+
 def too_large_text(max_bytes: int) -> str:
     """What a site answers (413) to a message over its size limit."""
     return f"message too large: this site takes at most {max_bytes} bytes"

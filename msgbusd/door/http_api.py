@@ -32,15 +32,17 @@ from msgbusd.errors import InvalidMessage, RejectedRequest
 from msgbusd.identity.sealing import Sealer, SealError
 from msgbusd.identity.signing import SignatureError, Signer, verify
 from msgbusd.reports.event_log import EventLog
+from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import ErrorCause, Metrics
 from msgbusd.sending.links import LINK_PATH, Links
-from msgbusd.sending.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH
+from msgbusd.sending.peer_clocks import PeerClocks
+from msgbusd.sending.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH, SENDER_LINKS_HEADER
 from msgbusd.store.queues import Inbound, Store
 from twin_resolver.base import Resolver, ResolverError, Twin, TwinNotFound
 from wire import event_schema as ev
 from wire import keys
 from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, Envelope, EnvelopeDecodeError
-from wire.error_texts import go_duration, http_error_body, too_large_text
+from wire.error_texts import go_duration, http_error_body, is_too_old_text, too_large_text, too_old_text
 
 # A request is remembered as seen for at most this long (its lifetime plus the freshness window otherwise).
 MAX_DEDUP_TTL_S = 366 * 24 * 3600
@@ -55,11 +57,14 @@ ACCEPTED_BODY = b'{"status": "accepted"}'
 JSON_TYPE = "application/json"
 JSON_TYPE_BYTES = JSON_TYPE.encode()
 CMD_PATH = "/zbus-cmd"
+SENDER_LINKS_HEADER_BYTES = SENDER_LINKS_HEADER.encode()
 RESULT_PATH = "/zbus-result"
 
 # An endpoint's answer to a request POSTed to it: the status and the body (JSON).
 Answer = tuple[int, bytes]
-Handler = Callable[[str, bytes], Awaitable[Answer]]
+# Called with the path, the body, and whether the sender has links (it sends again over one what is refused
+# for its clock).
+Handler = Callable[[str, bytes, bool], Awaitable[Answer]]
 ACCEPTED: Answer = (200, ACCEPTED_BODY)
 
 
@@ -88,14 +93,17 @@ class Door:
     relaying: Relaying | None = None
     # Decrypts what comes through this site's relay (None: nothing does).
     sealer: Sealer | None = None
+    # The peers' clocks: a message from a twin whose clock a link measured is judged on that clock.
+    clocks: PeerClocks = field(default_factory=PeerClocks)
 
-    async def verified(self, path: str, body: bytes) -> Envelope:
-        """The envelope POSTed to ``path``, if it passes every check; else :class:`RejectedRequest`."""
+    async def verified(self, path: str, body: bytes, *, sender_links: bool = False) -> Envelope:
+        """The envelope POSTed to ``path``, if it passes every check; else :class:`RejectedRequest`.
+        ``sender_links``: the sender sends again over a link what is refused for its clock."""
         try:
             env = Envelope.decode(body)
         except EnvelopeDecodeError as exc:
             raise self._rejected("invalid", 400, "couldn't parse json") from exc
-        await self.check(env)
+        await self._check_or_tell(path, env, tell_caller=not sender_links)
         if path != CMD_PATH:
             self.refuse_proxied(env)
             await self._check_relayed(env)
@@ -128,14 +136,44 @@ class Door:
         self.events.emit(ev.REJECTED, env, status=status, error=message)
         return RejectedRequest(status, message)
 
+    async def _check_or_tell(
+        self, path: str, env: Envelope, *, through_relay: bool = False, tell_caller: bool = True
+    ) -> Twin:
+        """:meth:`check`; with ``tell_caller``, a reply refused as too old because its site's clock is off
+        is told to its caller."""
+        try:
+            return await self.check(env, through_relay=through_relay)
+        except RejectedRequest as exc:
+            if tell_caller and path == REPLY_PATH and is_too_old_text(exc.message):
+                await self._tell_caller_of_stale_reply(env, exc.message)
+            raise
+
+    async def _tell_caller_of_stale_reply(self, env: Envelope, refusal: str) -> None:
+        """A reply is refused as too old (go-rmb's 60 s rule, for a site without a link), and its site's clock
+        is known to be off: its caller is told why at once, instead of waiting out the request's lifetime
+        for a reply that this site refuses every time. Only a reply signed by its twin does so."""
+        clock = self.clocks.explain(env.src)
+        if not clock or not self._for_our_callers(env) or self.deliver_replies is None:
+            return
+        try:
+            verify(env, (await self.resolver.get_twin(env.src)).public_key)
+        except (ResolverError, SignatureError):
+            return
+        err = f"twin {env.src}'s reply was refused: {refusal}: {clock}"
+        log.warning("%s", err, extra=about(uid=env.uid, src=env.src))
+        await self.deliver_replies([env.replace(err=err, dat="", sig="")])
+
     async def check(self, env: Envelope, *, through_relay: bool = False) -> Twin:
         """Freshness, the source twin's key and the signature, in go-rmb's order; returns the source twin.
-        What came through a relay may have waited there for the destination: it is fresh for its lifetime."""
+        What came through a relay may have waited there for the destination: it is fresh for its lifetime.
+        A message from a twin whose clock a link measured is fresh if it is on that twin's clock too."""
         now = int(self.clock())
         freshness_s = self.freshness_s + (env.lifetime_s if through_relay else 0)
-        if now - env.now > freshness_s:
+        if now - env.now > freshness_s and not self.clocks.fresh_on_senders_clock(
+            env.src, env.now, self.clock(), freshness_s
+        ):
             age = go_duration(self.clock() - env.now)
-            message = f"message is too old, sent since {age}, sent time: {env.now}, now: {now}"
+            message = too_old_text(age, env.now, now)
             raise self._rejected("too_old", 400, message, env)
         try:
             twin = await self.resolver.get_twin(env.src)
@@ -148,6 +186,7 @@ class Door:
             verify(env, twin.public_key)
         except SignatureError as exc:
             raise self._rejected("signature", 400, exc.message, env) from exc
+        self.clocks.signed_stamp(env.src, env.now, now)
         if self.rate_limit is not None and not self.rate_limit.allow(env.src):
             message = (
                 f"too many messages from twin {env.src}: the limit is {self.rate_limit.rate:g} per second"
@@ -191,12 +230,18 @@ class Door:
             await self.deliver_replies(replies)
 
     async def answer(
-        self, messages: list[object], peer: int | None = None, *, relay: int | None = None
+        self,
+        messages: list[object],
+        peer: int | None = None,
+        *,
+        relay: int | None = None,
+        sender_links: bool = False,
     ) -> list[dict[str, object]]:
         """Check and take ``{"path", "envelope"}`` messages that came together; one answer per message,
         in order (``{"status": 200}`` or the status and go-rmb's text). ``peer``: the twin at the other end
         of a link, the only source taken from it. ``relay``: they came from this site's relay (that twin),
-        from any twin; the payloads of the others' are decrypted."""
+        from any twin; the payloads of the others' are decrypted. ``sender_links``: they were POSTed by a
+        site that sends again over a link what is refused for its clock."""
         results: list[dict[str, object]] = [{"status": 200} for _ in messages]
         accepted: list[tuple[str, Envelope]] = []
         # Requests through the relay whose payload does not decrypt: their callers get the error as a reply.
@@ -208,7 +253,9 @@ class Door:
                     message = f"this link carries twin {peer}'s messages only"
                     raise self._rejected("invalid", 400, message, env)
                 through_relay = relay is not None and env.src != relay
-                source = await self.check(env, through_relay=through_relay)
+                source = await self._check_or_tell(
+                    path, env, through_relay=through_relay, tell_caller=not sender_links
+                )
                 self.refuse_proxied(env)
                 if through_relay:
                     try:
@@ -283,24 +330,24 @@ def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links 
     routing and middleware: every message a go-rmb peer sends, and every single message between msgbus
     sites, comes in one of them."""
 
-    async def remote(path: str, body: bytes) -> Answer:
-        await door.take([(REMOTE_PATH, await door.verified(path, body))])
+    async def remote(path: str, body: bytes, sender_links: bool) -> Answer:
+        await door.take([(REMOTE_PATH, await door.verified(path, body, sender_links=sender_links))])
         return ACCEPTED
 
-    async def reply(path: str, body: bytes) -> Answer:
-        await door.take([(REPLY_PATH, await door.verified(path, body))])
+    async def reply(path: str, body: bytes, sender_links: bool) -> Answer:
+        await door.take([(REPLY_PATH, await door.verified(path, body, sender_links=sender_links))])
         return ACCEPTED
 
-    async def batch(path: str, body: bytes) -> Answer:
-        return 200, await take_batch(door, body)
+    async def batch(path: str, body: bytes, sender_links: bool) -> Answer:
+        return 200, await take_batch(door, body, sender_links=sender_links)
 
-    async def cmd(path: str, body: bytes) -> Answer:
+    async def cmd(path: str, body: bytes, sender_links: bool) -> Answer:
         env = await door.verified(path, body)
         retqueue = str(uuid.uuid4())
         await door.store.push(keys.REMOTE, env.replace(pxy=True, ret=retqueue).encode())
         return 200, json.dumps({"retqueue": retqueue}).encode()
 
-    async def result(path: str, body: bytes) -> Answer:
+    async def result(path: str, body: bytes, sender_links: bool) -> Answer:
         retqueue = _retqueue(body)
         now = int(door.clock())
         items = []
@@ -380,7 +427,7 @@ def _is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-async def take_batch(door: Door, body: bytes) -> bytes:
+async def take_batch(door: Door, body: bytes, *, sender_links: bool = False) -> bytes:
     """``/zbus-batch``, between msgbus sites: many envelopes in one POST, each checked and answered alone.
 
     Body ``{"messages": [{"path": "/zbus-remote" | "/zbus-reply", "envelope": {...}}, ...]}``; answer
@@ -392,7 +439,7 @@ async def take_batch(door: Door, body: bytes) -> bytes:
             raise TypeError("messages is not a list")
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise RejectedRequest(400, "couldn't parse json") from exc
-    return json.dumps({"results": await door.answer(messages)}).encode()
+    return json.dumps({"results": await door.answer(messages, sender_links=sender_links)}).encode()
 
 
 async def answer_link_frame(
@@ -452,7 +499,7 @@ class _Endpoint:
             body = await self._body(scope, receive)
             if body is None:
                 return
-            status, answer = await self._handler(path, body)
+            status, answer = await self._handler(path, body, _sender_links(scope))
         except RejectedRequest as exc:
             log.info("refused %s %s: %s", scope["method"], path, exc.message)
             status, answer = exc.status, http_error_body(exc.message)
@@ -486,6 +533,10 @@ class _Endpoint:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _sender_links(scope: Scope) -> bool:
+    return any(name == SENDER_LINKS_HEADER_BYTES for name, _value in scope["headers"])
 
 
 def _retqueue(body: bytes) -> str:

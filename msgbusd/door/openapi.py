@@ -100,6 +100,12 @@ STATUS = {
         "started_at": {"type": "number", "description": "unix time"},
         "uptime_s": {"type": "number"},
         "problems": {"type": "array", "items": {"type": "string"}, "description": "what /healthz reports"},
+        "warnings": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "what the operator should act on though the bus works (an event log that cannot "
+            "be written, a peer's clock off, a Redis that may evict keys); not failing /healthz",
+        },
         "inflight": {"type": "integer"},
         "links_open": {"type": "integer"},
         "peers": {"type": "array", "items": STATUS_PEER},

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 
 from msgbusd.errors import RejectedRequest
 from msgbusd.reports.metrics import Metrics
+from msgbusd.sending.peer_clocks import PeerClocks
 from msgbusd.sending.send_items import SendItem, SendItems
 from msgbusd.store.queues import RelayedMessage, Store
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound
@@ -40,8 +41,11 @@ class Relaying:
         freshness_s: float,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        clocks: PeerClocks | None = None,
     ) -> None:
         self._store = store
+        # A message is kept until its lifetime ends on its sender's clock, where a link measured it.
+        self._clocks = clocks or PeerClocks(clock)
         self._resolver = resolver
         self._kick = kick
         self._seen_id = seen_id
@@ -78,7 +82,11 @@ class Relaying:
                     dst=dst,
                     key=keys.relayed_key(dst, env.src, is_request, env.uid),
                     payload=env.encode(),
-                    state={"first": now, "attempts": 0, "deadline": env.now + env.lifetime_s},
+                    state={
+                        "first": now,
+                        "attempts": 0,
+                        "deadline": self._clocks.on_this_clock(env.src, env.now) + env.lifetime_s,
+                    },
                     seen=keys.seen(env.src, f"{kind}.{self._seen_id(env)}"),
                     ttl_s=self._dedup_ttl_s(env, self._freshness_s),
                 )

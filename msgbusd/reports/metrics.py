@@ -64,6 +64,17 @@ ErrorCause = Literal[
     "other",
 ]
 SendPath = Literal["remote", "reply", "link"]
+# Why the event log dropped events (see msgbusd/reports/event_log_drops.py).
+EventLogDrop = Literal[
+    "no_space",  # ENOSPC, EDQUOT: the disk, or the user's quota, is full
+    "read_only",  # EROFS
+    "permission",  # EACCES, EPERM
+    "missing",  # ENOENT: the file being written was removed (its directory with it)
+    "not_a_directory",  # ENOTDIR, EISDIR: a file where the directory should be
+    "io_error",  # EIO
+    "behind",  # events came faster than they could be written
+    "other",
+]
 
 MESSAGE_EVENTS: tuple[MessageEvent, ...] = get_args(MessageEvent)
 # The events that count messages crossing to another site, for the last minute's rates ("received" counts
@@ -71,6 +82,7 @@ MESSAGE_EVENTS: tuple[MessageEvent, ...] = get_args(MessageEvent)
 _OUTGOING: frozenset[MessageEvent] = frozenset({"sent", "reply_sent"})
 ERROR_CAUSES: tuple[ErrorCause, ...] = get_args(ErrorCause)
 SEND_PATHS: tuple[SendPath, ...] = get_args(SendPath)
+EVENT_LOG_DROPS: tuple[EventLogDrop, ...] = get_args(EventLogDrop)
 
 # A POST is bounded by --send-timeout (10 s by default).
 SEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -107,6 +119,13 @@ class Metrics:
             "msgbus_send_queue_reads",
             "Batches a sender read from its send queue in Redis rather than sending what it was handed "
             "(after a restart or fault, while a peer is back with a backlog, or out of step with its queue).",
+            registry=reg,
+        )
+        self.event_log_dropped = Counter(
+            "msgbus_event_log_dropped",
+            "Events the event log dropped because it could not write them (the messages are carried as "
+            "usual), by reason.",
+            ["reason"],
             registry=reg,
         )
         self.send_seconds = Histogram(
@@ -149,9 +168,27 @@ class Metrics:
         self.senders_waiting = Gauge(
             "msgbus_senders_waiting", "Twins with work waiting for a sender's place.", registry=reg
         )
+        self.peer_clock_offset = Gauge(
+            "msgbus_peer_clock_offset_seconds",
+            "How far a peer's clock is ahead of this site's (negative: behind), for the peers found more "
+            "than a few seconds off (measured at each link's handshake, or from a POST answer's Date).",
+            ["peer"],
+            registry=reg,
+        )
+        self.peers_clock_off = Gauge(
+            "msgbus_peers_clock_off",
+            "Peers whose clock is more than a few seconds off from this site's, as last measured.",
+            registry=reg,
+        )
         self.site_instances = Gauge(
             "msgbus_site_instances",
             "Live msgbusd processes of the site (sharing its Redis), as seen at the last heartbeat.",
+            registry=reg,
+        )
+        self.redis_evicting = Gauge(
+            "msgbus_redis_evicting",
+            "1 if the site's Redis may evict keys, queued messages among them (its maxmemory-policy is not "
+            "noeviction), 0 if not or not known; read at start and every 10 s.",
             registry=reg,
         )
         self.refresh_ok = Gauge(
@@ -164,6 +201,9 @@ class Metrics:
         self._messages = {event: self.messages.labels(event=event) for event in MESSAGE_EVENTS}
         self._errors = {cause: self.errors.labels(cause=cause) for cause in ERROR_CAUSES}
         self._send_seconds = {path: self.send_seconds.labels(path=path) for path in SEND_PATHS}
+        self._event_log_dropped = {
+            reason: self.event_log_dropped.labels(reason=reason) for reason in EVENT_LOG_DROPS
+        }
         self._exposed: Collector = self.registry
 
     def message(self, event: MessageEvent, count: int = 1) -> None:
@@ -177,6 +217,10 @@ class Metrics:
     def error(self, cause: ErrorCause) -> None:
         """Count one failure of kind ``cause``."""
         self._errors[_checked(cause, ERROR_CAUSES)].inc()
+
+    def event_log_drop(self, reason: EventLogDrop, count: int) -> None:
+        """Count ``count`` events the event log dropped for ``reason``."""
+        self._event_log_dropped[_checked(reason, EVENT_LOG_DROPS)].inc(count)
 
     def send_queue_read(self) -> None:
         self.send_queue_reads.inc()
@@ -227,6 +271,14 @@ class Metrics:
     def set_site_instances(self, count: int) -> None:
         self.site_instances.set(count)
 
+    def set_redis_evicting(self, evicting: bool) -> None:
+        self.redis_evicting.set(int(evicting))
+
+    def set_peer_clock_offset(self, twin: int, offset_s: float, peers_off: int) -> None:
+        """Set how far ``twin``'s clock is ahead of this site's, and how many peers' clocks are off."""
+        self.peer_clock_offset.labels(str(twin)).set(round(offset_s, 3))
+        self.peers_clock_off.set(peers_off)
+
     def label_instance(self, instance: str) -> None:
         """Give every figure of this process (not those read from the site's Redis) an ``instance`` label:
         a site may run several processes."""
@@ -259,7 +311,9 @@ def metrics_endpoint(metrics: Metrics, refresh: Refresh | None = None) -> ASGIAp
 
 
 # Figures every process of a site reads from the same Redis: the same for all, so not per process.
-SITE_WIDE = frozenset({"msgbus_queue_length", "msgbus_requests_overdue", "msgbus_site_instances"})
+SITE_WIDE = frozenset(
+    {"msgbus_queue_length", "msgbus_requests_overdue", "msgbus_site_instances", "msgbus_redis_evicting"}
+)
 
 
 class _InstanceLabel(Collector):

@@ -9,8 +9,8 @@ Every frame is one JSON object in a binary WebSocket message::
 
     site -> opener   {"op": "challenge", "twin": S, "nonce": "<hex>", "max_bytes": N, "parts": true}
     opener -> site   {"op": "hello", "twin": C, "nonce": "<hex>", "sig": "<hex>", "max_bytes": N,
-                      "parts": true}
-    site -> opener   {"op": "welcome", "sig": "<hex>"}
+                      "parts": true, "time": T, "time_sig": "<hex>"}
+    site -> opener   {"op": "welcome", "sig": "<hex>", "time": T, "time_sig": "<hex>"}
     either way       {"op": "send", "id": N, "messages": [{"path": "/zbus-remote", "envelope": {...}}, ...]}
     either way       {"op": "ack", "id": N, "results": [{"status": 200}, {"status": 400, "message": "..."}]}
 
@@ -29,7 +29,9 @@ over it, requests too, and keeps what waits for the twin in its send queue while
 
 ``hello`` is signed by the opener's twin key over (C, S, the site's nonce) and ``welcome`` by the site's
 over (S, C, the opener's nonce), both checked against the resolver: nobody can open a link in another
-twin's name and collect its replies, nor pose as the twin we meant to reach. A refused handshake closes
+twin's name and collect its replies, nor pose as the twin we meant to reach. ``time`` is the clock of
+the side that sends ``hello`` or ``welcome``, signed over the other side's nonce: each side learns how far
+the other's clock is from its own (:mod:`msgbusd.sending.peer_clocks`). A refused handshake closes
 the link with code 4403 and the reason. ``max_bytes`` is the largest envelope each side takes: larger
 ones are refused (413) without being sent, and a frame holds at most that much.
 
@@ -69,6 +71,7 @@ from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.link_parts import PartError, Reassembly, is_part
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, ServerSocket, Socket
 from msgbusd.sending.link_writer import FairWriter
+from msgbusd.sending.peer_clocks import PeerClocks, read_stamp, stamp
 from msgbusd.sending.way_back import WayBack, reached_only_over_its_links
 from msgbusd.store.leases import first_set
 from twin_resolver.address import peer_url
@@ -376,8 +379,11 @@ class Links:
         relays_for_others: bool = False,
         way_back: WayBack | None = None,
         clock: Callable[[], float] = time.monotonic,
+        clocks: PeerClocks | None = None,
     ) -> None:
         self._twin = twin
+        # The peers' clocks, measured at each handshake (which is stamped with this site's).
+        self.clocks = clocks or PeerClocks()
         # Whether other sites can answer this one only over links it opens (no address, no relay).
         self._way_back = way_back or WayBack(twin, resolver)
         # A site answered only over links keeps the link to a twin open until then (monotonic): answers to
@@ -984,13 +990,19 @@ class Links:
         hello: dict[str, Any] = {"op": "hello", "twin": self._twin, "nonce": nonce, "sig": sig}
         if uplink:
             hello["uplink"] = True
+        sent_at = self.clocks.now()
+        hello |= stamp(self._signer, self._twin, twin_id, their_nonce, sent_at)
         await socket.send(orjson.dumps({**hello, "max_bytes": self.max_frame_bytes, "parts": True}))
         welcome = _frame(await socket.receive(), "welcome", socket)
+        received_at = self.clocks.now()
         try:
             digest = handshake_digest(twin_id, self._twin, nonce)
             verify_digest(str(welcome.get("sig", "")), digest, public_key)
         except SignatureError as exc:
             raise LinkClosed(f"the site there is not twin {twin_id}: {exc.message}", refused=True) from exc
+        peer_time_s = read_stamp(welcome, twin_id, self._twin, nonce, public_key)
+        if peer_time_s is not None:
+            self.clocks.measured_on_link(twin_id, peer_time_s, sent_at, received_at)
         return twin_id, _max_bytes(challenge, self.max_frame_bytes), challenge.get("parts") is True
 
     async def _relay_identity(self, claimed: object) -> tuple[int, bytes]:
@@ -1015,9 +1027,11 @@ class Links:
             "max_bytes": self.max_frame_bytes,
             "parts": True,
         }
+        sent_at = self.clocks.now()
         await socket.send(orjson.dumps(challenge))
         try:
             hello = _frame(await socket.receive(), "hello", socket)
+            received_at = self.clocks.now()
             peer = int(hello["twin"])
         except (LinkClosed, KeyError, TypeError, ValueError) as exc:
             raise _Refused(f"no valid hello: {exc}") from exc
@@ -1030,8 +1044,17 @@ class Links:
             verify_digest(str(hello.get("sig", "")), digest, twin.public_key)
         except SignatureError as exc:
             raise _Refused(f"not signed by twin {peer}: {exc.message}") from exc
-        sig = self._signer.sign_digest(handshake_digest(self._twin, peer, str(hello.get("nonce", "")))).hex()
-        await socket.send(orjson.dumps({"op": "welcome", "sig": sig}))
+        their_nonce = str(hello.get("nonce", ""))
+        peer_time_s = read_stamp(hello, peer, self._twin, nonce, twin.public_key)
+        if peer_time_s is not None:
+            self.clocks.measured_on_link(peer, peer_time_s, sent_at, received_at)
+        sig = self._signer.sign_digest(handshake_digest(self._twin, peer, their_nonce)).hex()
+        welcome = {
+            "op": "welcome",
+            "sig": sig,
+            **stamp(self._signer, self._twin, peer, their_nonce, self.clocks.now()),
+        }
+        await socket.send(orjson.dumps(welcome))
         uplink = hello.get("uplink") is True
         return peer, _max_bytes(hello, self.max_frame_bytes), uplink, hello.get("parts") is True
 

@@ -689,7 +689,32 @@ class Peer:
             if links is not None and not replies_only and link.peer == self.twin:
                 links.expect_answers(self.twin, _answers_within_s(items))
             return results
-        return await self._peers.posts.send_many(self.twin, signed, keep_alive=not lone)
+        results = await self._peers.posts.send_many(self.twin, signed, keep_alive=not lone)
+        if links is not None and any(result is not None and result.clock_off for result in results):
+            results = await self._again_over_a_link(links, items, results, replies_only=replies_only)
+        return results
+
+    async def _again_over_a_link(
+        self, links: Links, items: list[SendItem], results: list[DeliveryError | None], *, replies_only: bool
+    ) -> list[DeliveryError | None]:
+        """The twin's site refused messages as too old, and its clock is off from this site's: they go again
+        over a link, on whose handshake each site measures the other's clock and judges the messages of
+        the other on it. A site that takes no links keeps the refusals (go-rmb's rule stands)."""
+        try:
+            link = await links.link_to(self.twin, replies_only=replies_only, open_new=True)
+        except DeliveryError:
+            return results
+        if link is None or link.peer != self.twin:
+            return results
+        again = [index for index, result in enumerate(results) if result is not None and result.clock_off]
+        signed = [(items[index].path, self._peers.sign(items[index], None)) for index in again]
+        sent = await send_envelopes(link, signed, self._peers.links_timeout_s)
+        if not replies_only:
+            links.expect_answers(self.twin, _answers_within_s([items[index] for index in again]))
+        merged = list(results)
+        for index, result in zip(again, sent, strict=True):
+            merged[index] = result
+        return merged
 
     async def _answered_only_over_links(self) -> bool:
         way_back = self._peers.way_back

@@ -16,6 +16,7 @@ from msgbusd.reports.metrics import Metrics
 from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.http_reply import HttpFailed, HttpReply
+from msgbusd.sending.peer_clocks import PeerClocks
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin, TwinNotFound
 
@@ -26,6 +27,9 @@ REPLY_PATH = "/zbus-reply"
 # msgbus sites carry many envelopes per POST here; other RMB daemons answer 404 and get one per POST.
 BATCH_PATH = "/zbus-batch"
 JSON_CONTENT = (("content-type", "application/json"),)
+# Said by a site that sends again over a link what a peer refuses for its clock (it has links): the peer
+# then leaves the refused message's caller waiting for it rather than telling it of the refusal.
+SENDER_LINKS_HEADER = "x-msgbus-links"
 # A probe of a site that is down: an empty batch (msgbus sites answer 200, go-rmb sites 404).
 EMPTY_BATCH = b'{"messages": []}'
 # The longest wait a peer's Retry-After can ask for.
@@ -51,8 +55,13 @@ class PostClient:
         *,
         max_batch_bytes: int,
         probe_timeout_s: float = 5.0,
+        clocks: PeerClocks | None = None,
+        has_links: bool = False,
     ) -> None:
         self._http = http
+        self._headers = (*JSON_CONTENT, (SENDER_LINKS_HEADER, "1")) if has_links else JSON_CONTENT
+        # The peers' clocks, as the Date of their answers tells (named when a refusal is for a clock).
+        self.clocks = clocks or PeerClocks(clock)
         self._probe_timeout_s = probe_timeout_s
         self._max_batch_bytes = max_batch_bytes
         self._resolver = resolver
@@ -68,7 +77,7 @@ class PostClient:
         url = self._twin_url(twin, path)
         response = await self._post(twin_id, url, envelope, keep_alive=keep_alive or bool(twin.relay))
         if response.status != 200:
-            raise _refused(twin_id, response)
+            raise self._refused(twin_id, response)
 
     async def probe(self, twin_id: int) -> DeliveryError | None:
         """Whether ``twin_id``'s site answers, at the cost of one small POST: None if it does, else what
@@ -81,7 +90,7 @@ class PostClient:
         except DeliveryError as exc:
             return exc
         if response.status in UNAVAILABLE_STATUSES:
-            return _refused(twin_id, response)
+            return self._refused(twin_id, response)
         return None
 
     async def send_many(
@@ -146,7 +155,7 @@ class PostClient:
         if response.status in (404, 405):
             raise _NoBatchEndpoint
         if response.status != 200:
-            raise _refused(twin_id, response)
+            raise self._refused(twin_id, response)
         try:
             answers = json.loads(response.body)["results"]
             statuses = [(int(a["status"]), str(a.get("message", ""))) for a in answers]
@@ -156,8 +165,10 @@ class PostClient:
             raise DeliveryError(
                 f"twin {twin_id} answered {len(statuses)} results for {len(messages)} messages"
             )
+        clock = self.clocks.explain(twin_id)
         return [
-            None if status == 200 else peer_refusal(twin_id, status, message) for status, message in statuses
+            None if status == 200 else peer_refusal(twin_id, status, message, clock=clock)
+            for status, message in statuses
         ]
 
     async def _url(self, twin_id: int, path: str) -> str:
@@ -170,6 +181,12 @@ class PostClient:
             raise DeliveryError(
                 str(exc), kind="not_found" if isinstance(exc, TwinNotFound) else "other"
             ) from exc
+
+    def _refused(self, twin_id: int, response: HttpReply) -> DeliveryError:
+        status = response.status
+        retry_after_s = _retry_after_s(response) if status == HTTPStatus.SERVICE_UNAVAILABLE else None
+        clock = self.clocks.explain(twin_id)
+        return peer_refusal(twin_id, status, _error_message(response), retry_after_s, clock=clock)
 
     @staticmethod
     def _twin_url(twin: Twin, path: str) -> str:
@@ -195,7 +212,7 @@ class PostClient:
             response = await self._http.request(
                 "POST",
                 url,
-                headers=JSON_CONTENT,
+                headers=self._headers,
                 content=body,
                 timeout_s=timeout_s,
                 keep_alive=keep_alive,
@@ -204,6 +221,7 @@ class PostClient:
             if exc.timed_out:
                 raise DeliveryError(f"twin {twin_id} at {url} did not answer in time", offline=True) from exc
             raise DeliveryError(f"couldn't reach twin {twin_id} at {url}: {exc}", offline=True) from exc
+        self.clocks.heard_date(twin_id, response.header("date"), self.clocks.now())
         if observed:
             self._metrics.observe_send(
                 "reply" if url.endswith(REPLY_PATH) else "remote", time.perf_counter() - started
@@ -213,12 +231,6 @@ class PostClient:
 
 class _NoBatchEndpoint(Exception):
     """The peer answered 404/405 to a batch: it is not a msgbus site."""
-
-
-def _refused(twin_id: int, response: HttpReply) -> DeliveryError:
-    status = response.status
-    retry_after_s = _retry_after_s(response) if status == HTTPStatus.SERVICE_UNAVAILABLE else None
-    return peer_refusal(twin_id, status, _error_message(response), retry_after_s)
 
 
 def _retry_after_s(response: HttpReply) -> float | None:

@@ -16,7 +16,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -34,8 +34,10 @@ from msgbusd.identity.sealing import Sealer, SealError, public_key_of
 from msgbusd.identity.signing import Signer
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.metrics import Metrics, healthz_endpoint, metrics_endpoint
+from msgbusd.reports.site_warnings import SiteWarnings
 from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.links import Links
+from msgbusd.sending.peer_clocks import PeerClocks
 from msgbusd.sending.peers import Peers
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import CLAIM_BATCH, Schedule
@@ -47,6 +49,7 @@ from msgbusd.site.inflight import InFlight
 from msgbusd.site.instance import Instance
 from msgbusd.site.memory import release_free_memory_until
 from msgbusd.site.open_files import raise_open_files_limit
+from msgbusd.site.redis_memory import RedisMemory
 from msgbusd.site.serving import QuietServer, bind_socket, serve_until, server
 from msgbusd.site.settings import Settings
 from msgbusd.site.status import STATUS_TIMEOUT_S, StatusEndpoint, StatusReport
@@ -105,6 +108,8 @@ class Site:
     # This process among the site's instances, and the leases (site-wide jobs) it holds.
     instance: Instance
     leases: Leases
+    # What the operator should act on though the bus works: shown by /status, not failing /healthz.
+    warnings: SiteWarnings = field(default_factory=SiteWarnings)
 
 
 # A Redis host that vanishes without closing the connection is noticed within about 25 s.
@@ -191,6 +196,7 @@ class Daemon:
             traffic=site.metrics.recent,
             problems=self._problems,
             started_at=self._started_at,
+            warnings=site.warnings.current,
         )
 
     def _report_routes(self, guard: Callable[[ASGIApp], ASGIApp]) -> list[Route]:
@@ -219,7 +225,10 @@ class Daemon:
     async def run(self) -> None:
         site = self.site
         settings = site.settings
-        await site.redis.set(keys.SITE_TWIN, site.twin)
+        redis_memory = RedisMemory(site.redis, redacted(settings.redis_url), metrics=site.metrics)
+        site.warnings.add(redis_memory.warnings)
+        if not await redis_memory.start(lambda: site.redis.set(keys.SITE_TWIN, site.twin), self._stopping):
+            return
         self._server = server(
             create_app(site.door, self._report_routes(loopback_only), site.links),
             settings.drain_grace_s,
@@ -265,6 +274,7 @@ class Daemon:
             group.create_task(site.instance.listen(stopping), name="wake channel")
             group.create_task(site.events.run(self._stopping), name="event log")
             group.create_task(release_free_memory_until(stopping), name="free memory")
+            group.create_task(redis_memory.watch(stopping), name="redis memory")
             if site.links is not None:
                 group.create_task(site.links.close_idle_until(stopping), name="idle links")
                 group.create_task(self._reopen_ways_back(site.links), name="ways back")
@@ -419,6 +429,7 @@ async def open_site(
         max_bytes=settings.event_log_max_bytes,
         rotate_s=settings.event_log_rotate_s,
         clock=clock,
+        metrics=metrics,
     )
     inflight = InFlight(metrics)
     replication = Replication(settings.redis_wait_replicas)
@@ -438,6 +449,8 @@ async def open_site(
         metrics=metrics,
         events=events,
     )
+    # The peers' clocks: measured at each link's handshake and from the Date of POSTs' answers.
+    clocks = PeerClocks(clock, metrics)
     posts = PostClient(
         http,
         resolver,
@@ -445,6 +458,8 @@ async def open_site(
         metrics,
         max_batch_bytes=max_body_bytes,
         probe_timeout_s=min(settings.send_timeout_s, PROBE_TIMEOUT_S),
+        clocks=clocks,
+        has_links=settings.links,
     )
 
     # The one part used before it is made: the door (below) answers what peers send over links. It hands
@@ -478,6 +493,7 @@ async def open_site(
             relays_for_others=settings.relay,
             way_back=way_back,
             max_frame_bytes=max_body_bytes,
+            clocks=clocks,
         )
     peers = Peers(
         store,
@@ -520,6 +536,7 @@ async def open_site(
         max_message_bytes=max_body_bytes,
         rate_limit=TokenBuckets(settings.rate_limit, settings.rate_burst) if settings.rate_limit else None,
         sealer=sealer,
+        clocks=clocks,
     )
     if settings.relay:
         door.relaying = Relaying(
@@ -531,6 +548,7 @@ async def open_site(
             freshness_s=settings.freshness_s,
             metrics=metrics,
             clock=clock,
+            clocks=clocks,
         )
     site = Site(
         settings=settings,
@@ -561,8 +579,10 @@ async def open_site(
         ),
         leases=leases,
     )
+    site.warnings.add(events.drops.warnings)
     if links is not None:
         links.on_uplink_change = site.instance.uplink_changed
+    site.warnings.add(clocks.warnings)
     return site
 
 

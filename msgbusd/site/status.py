@@ -44,6 +44,8 @@ class StatusReport:
     traffic: RecentTraffic
     problems: Callable[[], Awaitable[list[str]]]
     started_at: float
+    # What the operator should act on though the bus works (shown as degraded, not failing /healthz).
+    warnings: Callable[[], list[str]] = list
     clock: Callable[[], float] = time.time
 
     async def __call__(self) -> dict[str, object]:
@@ -55,6 +57,7 @@ class StatusReport:
             "started_at": round(self.started_at, 3),
             "uptime_s": round(now - self.started_at, 3),
             "problems": problems,
+            "warnings": self.warnings(),
             "inflight": self.inflight(),
             "links_open": self.links.open_count() if self.links is not None else 0,
             "uplinks": self.links.uplinks_report() if self.links is not None else [],

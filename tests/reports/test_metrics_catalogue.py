@@ -18,6 +18,10 @@ ROW = re.compile(r"^\| `(msgbus_\w+)` \| (\w+) \|\s*(.*?)\s*\| [^|]+ \|$", re.MU
 QUEUES = (*keys.SYSTEM_QUEUES, keys.BACKLOG, keys.DEAD_LETTER, keys.REPLIES)
 # Labels that would make a series per message or per peer.
 UNBOUNDED = {"uid", "ret", "twin", "src", "dst", "cmd", "peer"}
+# The one metric with a series per peer: only the peers whose clock was found off have one, as many as the
+# clocks an operator has to set, whatever the traffic. Its label's values are twin ids.
+PER_PEER_CLOCK = "msgbus_peer_clock_offset_seconds"
+TWIN_IDS = "a twin id"
 
 
 def documented() -> dict[str, tuple[str, dict[str, set[str]]]]:
@@ -28,7 +32,8 @@ def documented() -> dict[str, tuple[str, dict[str, set[str]]]]:
         if labels:
             label, _, listed = labels.partition(":")
             # The values are the backticked words; what is in parentheses explains them.
-            values[label.strip(" `")] = set(re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", listed)))
+            words = set(re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", listed)))
+            values[label.strip(" `")] = {TWIN_IDS} if listed.strip().startswith(TWIN_IDS) else words
         found[name] = (kind, values)
     return found
 
@@ -46,6 +51,7 @@ def exported() -> dict[str, tuple[str, dict[str, set[str]]]]:
     metrics.set_queue_lengths(dict.fromkeys(QUEUES, 1))
     metrics.watch_twin_cache(CacheStats())
     metrics.watch_mqtt_bridge(BridgeCounters())
+    metrics.set_peer_clock_offset(2, 600.0, 1)
     body, _ = metrics.render()
     found: dict[str, tuple[str, dict[str, set[str]]]] = {}
     for family in text_string_to_metric_families(body.decode()):
@@ -55,7 +61,7 @@ def exported() -> dict[str, tuple[str, dict[str, set[str]]]]:
             assert not sample.name.endswith("_created"), sample.name
             for label, value in sample.labels.items():
                 if label != "le":
-                    values.setdefault(label, set()).add(value)
+                    values.setdefault(label, set()).add(TWIN_IDS if family.name == PER_PEER_CLOCK else value)
         found[name] = (family.type, values)
     return found
 
@@ -66,6 +72,7 @@ def test_the_documentation_lists_every_metric_with_its_type_and_label_values() -
 
 def test_label_values_come_from_fixed_lists() -> None:
     metrics = exported()
+    assert metrics.pop(PER_PEER_CLOCK)[1] == {"peer": {TWIN_IDS}}
     assert not {label for _, labels in metrics.values() for label in labels} & UNBOUNDED
     assert metrics["msgbus_messages_total"][1] == {"event": set(MESSAGE_EVENTS)}
     assert metrics["msgbus_errors_total"][1] == {"cause": set(ERROR_CAUSES)}
