@@ -9,6 +9,9 @@ is reached over the uplink it keeps to site 1 (its requests' replies too). ``--r
 and names a third site, run with ``--relay``, as its relay; site 1 reaches it there, its payloads encrypted
 for site 2 (site 2 answers site 1 directly).
 
+``--clock-offset S``: site 2's wall clock is S seconds off (libfaketime), as on an edge box without a
+battery for its clock.
+
 ``--rate R`` measures in open loop instead: a request every 1/R s on a fixed schedule, whatever the answers
 do, each timed from its push to its answer (the closed-loop levels only with ``--clients`` too).
 
@@ -272,10 +275,16 @@ def _names_apart(job: str, others: list[str], prefix: str, count: int) -> list[s
 
 @contextmanager
 def msgbus_sites(
-    key_type: str, extra_args: list[str], processes: int = 1, uplink: bool = False, relay: bool = False
+    key_type: str,
+    extra_args: list[str],
+    processes: int = 1,
+    uplink: bool = False,
+    relay: bool = False,
+    clock_offset_s: float | None = None,
 ) -> Iterator[tuple[list[str], dict[str, int]]]:
     """Two sites; with ``uplink``, site 2 has no address and is reached over the uplink it keeps to site 1;
-    with ``relay``, through a third site, its relay."""
+    with ``relay``, through a third site, its relay; with ``clock_offset_s``, site 2's clock is that far off
+    (libfaketime)."""
     cluster = LocalCluster(
         size=3 if relay else 2,
         key_type=key_type,
@@ -294,6 +303,8 @@ def msgbus_sites(
             cluster.sites[1].relay = cluster.sites[2].address
             for process in cluster.processes_of(3):
                 process.extra_args = [*process.extra_args, "--relay"]
+        for process in cluster.processes_of(2):
+            process.clock_offset_s = clock_offset_s
         cluster.launch()
         if uplink:
             wait_until(lambda: "opened its uplink" in cluster.sites[0].log(), 20, "site 2's uplink")
@@ -487,7 +498,8 @@ def _run_load(
             sites, system = floor_sites(), "floor"
         else:
             uplink, relay = getattr(args, "uplink", False), getattr(args, "relay", False)
-            sites = msgbus_sites(args.key_type, daemon_args, processes, uplink, relay)
+            clock_offset_s = getattr(args, "clock_offset", None)
+            sites = msgbus_sites(args.key_type, daemon_args, processes, uplink, relay, clock_offset_s)
             system = "msgbus + event log" if event_log else "msgbus" if links else "msgbus, POSTs"
             if processes > 1:
                 system += f", {processes} processes per site"
@@ -495,6 +507,8 @@ def _run_load(
                 system += ", site 2 over its uplink"
             if relay:
                 system += ", site 2 through a relay"
+            if clock_offset_s:
+                system += f", site 2's clock {clock_offset_s:+g} s off"
         return system, _run_sites(args, load, sites)
 
 
@@ -541,6 +555,12 @@ def main() -> None:
         "--relay",
         action="store_true",
         help="site 2 has no address and is reached through a third site (--relay)",
+    )
+    parser.add_argument(
+        "--clock-offset",
+        type=float,
+        metavar="S",
+        help="site 2's wall clock S seconds off, e.g. -600 (needs faketime: make setup installs it)",
     )
     args = parser.parse_args()
     clients_levels = args.clients or ("" if args.rate else DEFAULT_CLIENTS)

@@ -7,6 +7,7 @@ connections, the daemon's ready line), never on fixed sleeps, and cleans up afte
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import random
 import shutil
@@ -32,6 +33,9 @@ READY_LINE = "msgbusd ready"
 # import and start, not seconds.
 SITE_START_S = 20.0 if os.nice(0) < 10 else 180.0
 
+
+# Where Debian's faketime package puts libfaketime.
+LIBFAKETIME = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
 
 # Ports free_port gave out in this process: one chosen for a server that has not started yet is free too.
 _HANDED_OUT: set[int] = set()
@@ -81,6 +85,26 @@ def _ephemeral_ports() -> tuple[int, int]:
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999
+
+
+def libfaketime() -> str | None:
+    """Where libfaketime is (Debian's ``faketime`` package), or None."""
+    for pattern in LIBFAKETIME:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def faketime_env(offset_s: float) -> dict[str, str]:
+    """The environment that runs a process with its wall clock ``offset_s`` off. libfaketime is loaded
+    into the process itself rather than through the ``faketime`` command, which forks and would stand
+    between the process and whoever signals or waits for it. Only the wall clock: timers and timeouts run on
+    the monotonic one, as on a box whose clock is set wrong."""
+    library = libfaketime()
+    if library is None:
+        raise RuntimeError("libfaketime is missing: make setup installs it (Debian's faketime package)")
+    return {"LD_PRELOAD": library, "FAKETIME": f"{offset_s:+.0f}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
@@ -256,7 +280,7 @@ class SiteProcess:
     twin_source: str | None = None
     # Run inside this network namespace (``ip netns exec``); ``url`` then only works from inside it.
     netns: str | None = None
-    # Run with the wall clock this far off (libfaketime: Debian's ``faketime``); None: the machine's clock.
+    # Run with the wall clock this far off (libfaketime, from Debian's ``faketime``); None: the machine's.
     clock_offset_s: float | None = None
     process: subprocess.Popen[bytes] | None = None
 
@@ -306,10 +330,7 @@ class SiteProcess:
             offset = log_file.tell()
             prefix = ["ip", "netns", "exec", self.netns] if self.netns is not None else []
             if self.clock_offset_s is not None:
-                # Only the wall clock: timers and timeouts run on the monotonic one, as on a box whose
-                # clock is set wrong.
-                env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
-                prefix += ["faketime", "-f", f"{self.clock_offset_s:+.0f}s"]
+                env |= faketime_env(self.clock_offset_s)
             self.process = subprocess.Popen(
                 [*prefix, *self.command()], stdout=log_file, stderr=subprocess.STDOUT, env=env
             )

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from testing.local_sites import LocalCluster
+from testing.local_sites import LocalCluster, libfaketime
 from tests.support.metrics import scrape
 from tests.support.services import RawService, pop_replies, push_request
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (make setup installs it)"),
+    pytest.mark.skipif(libfaketime() is None, reason="needs libfaketime (make setup installs faketime)"),
 ]
 
 SKEW_S = 600
