@@ -84,7 +84,7 @@ def test_an_old_file_is_closed_after_its_time(tmp_path: Path) -> None:
 
 
 async def test_the_background_writer_flushes_and_a_stop_writes_the_rest(tmp_path: Path) -> None:
-    log = EventLog(tmp_path, 1, host="h")
+    log = EventLog(tmp_path, 1, host="h", flush_interval_s=0.05)
     stopping = asyncio.Event()
     writer = asyncio.create_task(log.run(stopping))
     log.emit(ev.RECEIVED, Envelope(uid="1.1"))
@@ -117,7 +117,7 @@ def files(directory: Path, pattern: str) -> list[Path]:
 
 
 async def test_a_file_is_completed_when_due_also_without_new_events(tmp_path: Path) -> None:
-    log = EventLog(tmp_path, 4, rotate_s=1.0, host="h")
+    log = EventLog(tmp_path, 4, rotate_s=0.2, host="h", flush_interval_s=0.05)
     stopping = asyncio.Event()
     writer = asyncio.create_task(log.run(stopping))
     log.emit(ev.SENT, Envelope(uid="2.1"))
