@@ -1,4 +1,5 @@
-"""Delays between attempts: exponential from a base, capped, with a little jitter so peers do not align."""
+"""Delays between attempts: exponential from a base, capped, with a little jitter so peers do not align, or
+with full jitter (any delay from zero up to the backoff), where many clients come back to one server."""
 
 from __future__ import annotations
 
@@ -15,9 +16,15 @@ class Backoff:
     # Delays are stretched by a random factor in [1, 1 + jitter]: never shorter than the nominal delay.
     jitter: float = 0.2
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+    # A delay anywhere from zero up to the nominal one instead ("full jitter", AWS's "Exponential Backoff
+    # And Jitter"): thousands of clients that lost one server at once come back spread over the backoff,
+    # not in a wave at each of its steps.
+    full_jitter: bool = False
 
     def delay_s(self, failures: int) -> float:
         """Delay after the ``failures``-th consecutive failure (1 for the first)."""
+        if self.full_jitter:
+            return self.nominal_s(failures) * self.rng.random()
         return self.nominal_s(failures) * (1 + self.jitter * self.rng.random())
 
     def nominal_s(self, failures: int) -> float:

@@ -99,8 +99,9 @@ FLAPPING_WINDOW_S = 60.0
 FLAPPING_POSTS_S = 60.0
 # Idle links are looked for this often at most.
 IDLE_CHECK_S = 10.0
-# An uplink that broke, or could not be opened, is dialed again after these delays.
-UPLINK_REDIAL = Backoff(base_s=0.25, max_s=5.0)
+# An uplink that broke, or could not be opened, is dialed again after these delays, each anywhere from zero
+# up to the backoff: the edges of a cloud site that restarts come back spread over seconds, not as a herd.
+UPLINK_REDIAL = Backoff(base_s=0.25, max_s=5.0, full_jitter=True)
 # The key of this site's link to its relay among the uplinks' times (twin ids are positive).
 RELAY_LINK = 0
 # A sender waiting for a twin's uplink looks again this often (it is woken at once when the uplink opens).
@@ -532,7 +533,7 @@ class Links:
                 return None
             except DeliveryError as exc:
                 if exc.offline:
-                    self._broke(twin_id, exc.cause)
+                    await self._broke(twin_id, exc.cause)
                 raise
             finally:
                 if first_ask:
@@ -886,12 +887,15 @@ class Links:
             if link.uplink and not link.opened_here and self._uplink(link.peer, opened_here=False) is None:
                 self._uplink_since[link.peer] = time.time()
                 await self._tell_uplink_change(link.peer, opened=False)
-            if link.opened_here and not self._closing and not link.retired:
-                self._broke(link.peer, link.closed_reason or "closed")
+            if link.opened_here and not link.uplink and not self._closing and not link.retired:
+                await self._broke(link.peer, link.closed_reason or "closed")
 
-    def _broke(self, twin_id: int, reason: str) -> None:
+    async def _broke(self, twin_id: int, reason: str) -> None:
         """A link to ``twin_id`` broke (or was cut while opening); one that keeps breaking gives way to
-        POSTs."""
+        POSTs, unless it is kept whatever happens to it (an uplink, or every link of a site that is answered
+        only over its links)."""
+        if twin_id in self.uplinks or await self._way_back.only_over_links():
+            return
         now = self._clock()
         breaks = self._breaks.setdefault(twin_id, deque(maxlen=FLAPPING_BREAKS))
         breaks.append(now)
