@@ -27,6 +27,7 @@ PROCESS_MODULES = {
     "sending/test_links.py",
     "site/test_daemon_cli.py",
     "site/test_load_balancer.py",
+    "site/test_many_edges.py",
     "site/test_processes.py",
     "site/test_redis_auth_tls.py",
     "site/test_redis_memory_sites.py",

@@ -89,7 +89,8 @@ def test_a_site_ten_minutes_off_over_a_link_loses_nothing_and_both_sites_name_th
     offset = scrape(here.url)['msgbus_peer_clock_offset_seconds{peer="2"}']
     assert abs(offset - skew_s) < 2
     assert abs(scrape(there.url)['msgbus_peer_clock_offset_seconds{peer="1"}'] + skew_s) < 2
-    assert f"twin 2's clock is {SKEW_S} s {word} this site's" in here.log()
+    # Logged when first measured: from the Date of a POST's answer (to a second) or at the handshake.
+    assert re.search(rf"twin 2's clock is (599|600|601) s {word} this site's", here.log())
 
 
 def test_a_site_ahead_that_speaks_only_go_rmbs_protocol_refuses_requests_and_the_caller_is_told_the_clock(

@@ -1,0 +1,94 @@
+"""A thousand edges on one cloud site (``testing.many_edges``: edges that nobody can dial, each keeping an
+uplink with msgbusd's own link code): every edge reached by the cloud and reaching it, and after a restart of
+the cloud every edge back, spread over seconds rather than all at once, with nothing lost or run twice."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from testing.local_sites import LocalCluster
+from testing.many_edges import ManyEdgesProcess
+from tests.support.services import RawService, pop_replies, push_request
+from wire import keys
+
+pytestmark = pytest.mark.timeout(300)
+
+EDGES = 1000
+CLOUD = 1
+
+
+@pytest.fixture
+def cloud_and_edges() -> Iterator[tuple[LocalCluster, ManyEdgesProcess]]:
+    edges = ManyEdgesProcess(cloud=CLOUD, count=EDGES)
+    cluster = LocalCluster(size=1, extra_twins=edges.twins()).start()
+    try:
+        edges.start(cluster.twins_file)
+        yield cluster, edges
+    finally:
+        edges.stop()
+        cluster.cleanup()
+
+
+def all_open(edges: ManyEdgesProcess, timeout_s: float = 120.0) -> dict[str, object]:
+    return edges.wait_for(lambda stats: stats["open"] == EDGES, timeout_s, f"all {EDGES} uplinks to be open")
+
+
+def ask_every_edge(conn: redis.Redis, edges: ManyEdgesProcess, what: str) -> dict[int, str]:
+    """One request to each edge; its return queue by edge."""
+    return {
+        edge: push_request(conn, [edge], "edge.echo", f"{what} {edge}".encode(), exp=300, retries=3)
+        for edge in edges.ids
+    }
+
+
+def answered_once(conn: redis.Redis, rets: dict[int, str], what: str) -> None:
+    for edge, ret in rets.items():
+        (reply,) = pop_replies(conn, ret, 1, timeout_s=120)
+        assert (reply.err, reply.payload) == ("", f"{what} {edge}".encode()), f"edge {edge}"
+    assert not any(conn.llen(ret) for ret in rets.values()), "a request answered twice"
+
+
+def test_every_edge_is_reached_and_reaches_the_cloud_and_all_come_back_spread_after_a_restart(
+    cloud_and_edges: tuple[LocalCluster, ManyEdgesProcess],
+) -> None:
+    cluster, edges = cloud_and_edges
+    cloud = cluster.sites[0]
+    first = all_open(edges)
+    assert first["upgrades"] >= EDGES
+    conn = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        with RawService(cluster.redis[0].url, "cloud.echo") as service:
+            answered_once(conn, ask_every_edge(conn, edges, "before"), "before")
+            edges.send("cloud.echo")
+            stats = edges.wait_for(lambda stats: stats["replies"] == EDGES, 120, "every edge's reply")
+            assert stats["requests_refused"] == 0
+            assert sorted(int(key.split("/")[0]) for key in service.executions) == list(edges.ids)
+            assert set(service.executions.values()) == {1}, "a request of an edge run twice"
+
+            cloud.stop()
+            # What waits for the edges while the cloud is down is theirs once they are back.
+            waiting = ask_every_edge(conn, edges, "waiting")
+            restarted_at = time.time()
+            cloud.start()
+            back_at = time.time()
+            all_open(edges)
+            answered_once(conn, waiting, "waiting")
+            assert conn.hlen(keys.BACKLOG) == 0
+    finally:
+        conn.close()
+    seen = edges.stats(opened=True)
+    opened, dialed = seen["opened_at"], [at for at in seen["dialed_at"] if at >= back_at]
+    assert len(opened) == EDGES and min(opened) >= restarted_at
+    in_the_first_second = sum(1 for at in opened if at < min(opened) + 1.0)
+    busiest = max(sum(1 for at in dialed if start <= at < start + 0.1) for start in dialed)
+    print(
+        f"{EDGES} edges back over {max(opened) - min(opened):.1f} s after the cloud started again "
+        f"({in_the_first_second} in the first second), {len(dialed)} dials since, at most {busiest} in "
+        f"100 ms; {seen['dials']} dials in all"
+    )
+    # The edges dial again over their backoff (with full jitter), not all at once.
+    assert in_the_first_second < 0.8 * EDGES, f"{in_the_first_second} of {EDGES} back in the first second"
