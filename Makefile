@@ -101,6 +101,7 @@ bench: setup
 	$(BIN)/python -m bench.suite $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 	$(BIN)/python -m bench.router
 	$(BIN)/python -m bench.waiting
+	$(BIN)/python -m bench.many_edges
 	$(BIN)/python -m bench.wan $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 	$(BIN)/python -m bench.thin_link $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 
