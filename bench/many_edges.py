@@ -37,6 +37,9 @@ from wire.envelope import Envelope, encode_payload
 CLOUD = 1
 EDGE_CMD = "edge.echo"
 CLOUD_CMD = "cloud.echo"
+# A daemon just ready, or just through a burst of handshakes, still frees and allocates for a moment: its
+# memory and CPU are read after this long.
+SETTLE_S = 2.0
 
 
 def redis_used_bytes(url: str) -> int:
@@ -124,7 +127,7 @@ def run(row: dict[str, Any], rate_per_s: float, duration_s: float, idle_s: float
     cluster = LocalCluster(size=1, extra_twins=edges.twins()).start()
     cloud, redis_url = cluster.sites[0], cluster.redis[0].url
     try:
-        time.sleep(1.0)
+        time.sleep(SETTLE_S)
         rss_before, redis_before = rss_mib(pid_of(cloud)), redis_used_bytes(redis_url)
         cold_at = time.time()
         edges.start(cluster.twins_file)
@@ -133,7 +136,7 @@ def run(row: dict[str, Any], rate_per_s: float, duration_s: float, idle_s: float
             "cold_100_s": connected["back_100_s"],
             "cold_handshakes_peak_per_s": connected["handshakes_peak_per_s"],
         }
-        time.sleep(2.0)
+        time.sleep(SETTLE_S)
         cpu_before, idle_started = cpu_seconds(pid_of(cloud)), time.monotonic()
         time.sleep(idle_s)
         idle_cpu = (cpu_seconds(pid_of(cloud)) - cpu_before) / (time.monotonic() - idle_started)

@@ -89,7 +89,6 @@ class PeerOffset:
 
     offset_s: float
     proven: bool
-    measured_at: float
 
 
 class PeerClocks:
@@ -183,7 +182,7 @@ class PeerClocks:
         if abs(offset_s) < KEPT_OFFSET_S:
             self._offsets.pop(twin, None)
         else:
-            self._offsets[twin] = PeerOffset(offset_s, proven, self._clock())
+            self._offsets[twin] = PeerOffset(offset_s, proven)
         off = abs(offset_s) > self.off_s
         if off and twin not in self._named:
             self._named.add(twin)

@@ -66,7 +66,6 @@ class Edge:
     twin: int
     signer: Signer
     links: Links
-    sent: int = 0
 
 
 @dataclass
