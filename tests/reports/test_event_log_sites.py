@@ -6,6 +6,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,16 @@ def completed_lines(directory: Path) -> list[dict[str, object]]:
     return lines
 
 
+def writing_an_acceptance(directory: Path, site: int) -> bool:
+    """Whether the file ``site`` is writing holds a request's acceptance, written whole."""
+    for path in directory.glob(f"events-{site}-*.writing"):
+        with suppress(FileNotFoundError):
+            lines = path.read_bytes().split(b"\n")[:-1]
+            if any(json.loads(line)["event"] == ev.ACCEPTED for line in lines):
+                return True
+    return False
+
+
 def test_a_site_names_its_files_as_they_complete_and_after_a_kill_its_restart_completes_the_last(
     tmp_path: Path,
 ) -> None:
@@ -134,7 +145,8 @@ def test_a_site_names_its_files_as_they_complete_and_after_a_kill_its_restart_co
             wait_until(lambda: bool(list(events.glob("events-1-*.jsonl"))), what="a completed file of site 1")
             assert next(e["event"] for e in completed_lines(events) if e["site"] == 1) == ev.ACCEPTED
             round_trip()
-            wait_until(lambda: bool(list(events.glob("events-1-*.writing"))), what="site 1 writing a file")
+            # Killed once the second request's acceptance is in the file it writes (one just opened is empty).
+            wait_until(lambda: writing_an_acceptance(events, 1), what="site 1 writing the second request")
             cluster.sites[0].kill()
             [left] = events.glob("events-1-*.writing")
             cluster.sites[0].start()
