@@ -49,6 +49,7 @@ from starlette.websockets import WebSocket
 
 from msgbusd.identity.signing import Signer
 from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.site_socket import LINK_PATH, SiteSocket, SiteSocketSettings, site_sockets
 from msgbusd.site.daemon import PEER_CONNECTIONS, open_redis
 from msgbusd.site.serving import server
 from msgbusd.site.settings import Settings
@@ -366,7 +367,6 @@ def bench_envelopes(rounds: int) -> None:
 # -- 2. WebSocket frames ----------------------------------------------------------------------------------
 
 WEBSOCKET_ITERATIONS = 8_000
-LINK_PATH = "/bench/link"
 FRAME_BYTES = 600
 
 
@@ -379,9 +379,27 @@ async def _starlette_echo(websocket: WebSocket) -> None:
         await websocket.send_bytes(message["bytes"])
 
 
+async def _site_socket_echo(socket: SiteSocket) -> None:
+    while (data := await socket.receive()) is not None:
+        await socket.send(data)
+
+
+async def serve_site_socket(port: int) -> None:
+    """Echo on ``port`` as a site's port serves links: uvicorn handing the upgrade to the site's own socket
+    (:mod:`msgbusd.sending.site_socket`)."""
+    quiet = server(
+        Starlette(),
+        DAEMON.drain_grace_s,
+        host="127.0.0.1",
+        port=port,
+        ws=site_sockets(SiteSocketSettings(_site_socket_echo, max_message_bytes=MAX_FRAME_BYTES)),
+    )
+    await quiet.serve()
+
+
 async def serve_uvicorn(port: int) -> None:
-    """Echo on ``port`` as a site's port serves links: uvicorn (websockets-sansio) with the daemon's
-    WebSocket settings, a starlette WebSocket route."""
+    """Echo on ``port`` as a site's port served links before its own socket: uvicorn (websockets-sansio)
+    pinging every 5 s, a starlette WebSocket route."""
     app = Starlette(routes=[WebSocketRoute(LINK_PATH, _starlette_echo)])
     quiet = server(
         app,
@@ -442,6 +460,7 @@ async def serve_picows_websockets(port: int) -> None:
 
 
 SERVERS: dict[str, Callable[[int], Coroutine[Any, Any, None]]] = {
+    "site-socket": serve_site_socket,
     "uvicorn": serve_uvicorn,
     "picows": serve_picows,
     "picows-websockets": serve_picows_websockets,
@@ -477,9 +496,7 @@ class AiohttpClient:
     @classmethod
     async def open(cls, url: str) -> AiohttpClient:
         clients = HttpClients(DAEMON.send_timeout_s, per_origin=PEER_CONNECTIONS)
-        ws = await clients.websocket(
-            url, heartbeat_s=DAEMON.link_ping_s, max_message_bytes=MAX_FRAME_BYTES, timeout_s=10
-        )
+        ws = await clients.websocket(url, max_message_bytes=MAX_FRAME_BYTES, timeout_s=10)
         return cls(clients, ws)
 
     async def echo(self, data: bytes) -> bytes:
@@ -575,7 +592,8 @@ class WebSocketCandidate:
 
 
 WEBSOCKET_CANDIDATES = (
-    WebSocketCandidate("aiohttp -> uvicorn/starlette (current)", "uvicorn", AiohttpClient.open),
+    WebSocketCandidate("aiohttp -> the site's socket (current)", "site-socket", AiohttpClient.open),
+    WebSocketCandidate("aiohttp -> uvicorn/starlette (before)", "uvicorn", AiohttpClient.open),
     WebSocketCandidate("picows -> picows (core API)", "picows", PicowsClient.open, ("picows",)),
     WebSocketCandidate(
         "picows -> picows (websockets API)", "picows-websockets", PicowsWebsocketsClient.open, ("picows",)

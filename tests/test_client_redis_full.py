@@ -19,8 +19,8 @@ from client import AsyncClient, Client, Request, Service, SiteRedisFull
 from client.cli import app
 from client.cli_common import EXIT_REDIS
 from client.request import reply_envelope
-from tests.support.mqtt import wait_for
 from tests.support.servers import RedisProcess, wait_until
+from tests.support.waiting import wait_for
 from tests.test_service import deliver, request_envelope
 from wire import keys
 from wire.envelope import Envelope, decode_payload

@@ -99,6 +99,9 @@ OWNERS = "msgbus.system.owners"
 # That instance holds the lease of sending to the twin while it is live, whatever rendezvous hashing says: the
 # twin is reached over that link only.
 UPLINKS = "msgbus.system.uplinks"
+# string int: INCR with every change of UPLINKS, so that an instance reads that hash (one field per edge on a
+# cloud site) again only when it changed.
+UPLINKS_VERSION = "msgbus.system.uplinks.version"
 LOCAL_LEASE = "local"
 REPLY_LEASE = "reply"
 TIMERS_LEASE = "timers"

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from msgbusd.door import openapi
@@ -34,7 +34,6 @@ from msgbusd.identity.signing import SignatureError, Signer, verify
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import ErrorCause, Metrics
-from msgbusd.sending.links import LINK_PATH, Links
 from msgbusd.sending.peer_clocks import PeerClocks
 from msgbusd.sending.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH, SENDER_LINKS_HEADER
 from msgbusd.store.queues import Inbound, Store
@@ -322,9 +321,9 @@ class Door:
         return Inbound(target, env.encode(), env.src, seen_id(env), ttl_s, to_service=True, envelope=env)
 
 
-def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links | None = None) -> DoorApp:
-    """The site port's app: the RMB endpoints, ``/zbus-batch``, and ``/zbus-link`` when ``links`` is given
-    (without it, an upgrade is refused and peers send POSTs).
+def create_app(door: Door, extra_routes: Sequence[BaseRoute] = ()) -> DoorApp:
+    """The site port's app: the RMB endpoints and ``/zbus-batch`` (``/zbus-link`` is served on the
+    connection itself, not by an app: :mod:`msgbusd.sending.site_socket`).
 
     The endpoints peers POST to are plain ASGI apps reached by their path alone, ahead of starlette's
     routing and middleware: every message a go-rmb peer sends, and every single message between msgbus
@@ -369,8 +368,6 @@ def create_app(door: Door, extra_routes: Sequence[BaseRoute] = (), links: Links 
         BATCH_PATH: batch,
     }
     routes = [Route("/openapi.json", openapi_endpoint, methods=["GET"]), *extra_routes]
-    if links is not None:
-        routes.append(WebSocketRoute(LINK_PATH, links.serve))
     by_path = {path: _Endpoint(handler, door) for path, handler in endpoints.items()}
     return DoorApp(by_path, Starlette(routes=routes))
 

@@ -28,16 +28,17 @@ class HttpClients:
         self._one_shot = OneShotRequests()
 
     async def websocket(
-        self, url: str, *, heartbeat_s: float, max_message_bytes: int, timeout_s: float
+        self, url: str, *, max_message_bytes: int, timeout_s: float
     ) -> aiohttp.ClientWebSocketResponse:
-        """Open a WebSocket to ``url`` (pinged every ``heartbeat_s``, closed when a pong is late); raises
+        """Open a WebSocket to ``url``, whose pings its reader answers and sends itself (aiohttp's own are
+        off: :class:`~msgbusd.sending.link_sockets.ClientSocket`); raises
         ``aiohttp.WSServerHandshakeError`` when the server answers with plain HTTP, ``aiohttp.ClientError``
         or ``TimeoutError`` when it cannot be reached."""
         session = self._open()
         return await asyncio.wait_for(
             session.ws_connect(
                 url,
-                heartbeat=heartbeat_s,
+                autoping=False,
                 max_msg_size=max_message_bytes,
                 autoclose=True,
                 compress=0,

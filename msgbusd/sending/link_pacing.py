@@ -14,24 +14,19 @@ of a small frame written after a large one:
 
   - the opener's end, aiohttp: its WebSocket writer waits for the transport only once it wrote ``_limit``
     bytes (64 KiB) since it last did; the limit is set to :data:`AIOHTTP_WAIT_AFTER_BYTES`;
-  - the site's end, uvicorn's websockets-sansio protocol: its ASGI ``send`` waits for the transport before a
-    write, not after; :meth:`Pacing.wait_drained` waits on the protocol's ``writable`` event after one.
+  - the site's end (:mod:`msgbusd.sending.site_socket`) is the connection's protocol itself: it waits for
+    the transport after each message it writes.
 
-These are the libraries' internals, each looked up with a fallback: what is not found is not applied, and
-the link works as without pacing (tests on real sockets say when a library's new version moved one):
-
-- aiohttp: ``ClientWebSocketResponse._writer``, its ``transport`` and ``_limit``;
-- uvicorn: starlette's ``WebSocket._send`` is the ASGI ``send`` callable, within closures of starlette's
-  own: uvicorn's is a bound method of the connection's protocol, which has ``transport`` and ``writable``.
+The opener's are aiohttp's internals, looked up with a fallback: what is not found is not applied, and the
+link works as without pacing (tests on real sockets say when a new version moved one):
+``ClientWebSocketResponse._writer``, its ``transport`` and ``_limit``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import sys
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,8 +42,6 @@ AIOHTTP_WAIT_AFTER_BYTES = 4 * 1024
 TCP_NOTSENT_LOWAT: int | None = getattr(
     socket, "TCP_NOTSENT_LOWAT", 25 if sys.platform.startswith("linux") else None
 )
-# Callables looked into for uvicorn's send, at most (starlette wraps it once or twice).
-_LOOK_AT_MOST = 32
 
 
 @dataclass
@@ -84,38 +77,10 @@ def pace_client(ws: object) -> Pacing:
     return pacing
 
 
-def pace_server(websocket: object) -> Pacing:
-    """Pace the site's end of a link, a starlette ``WebSocket`` served by uvicorn."""
-    protocol = _asgi_protocol(getattr(websocket, "_send", None))
-    transport = _transport(getattr(protocol, "transport", None))
-    pacing = Pacing(transport, _notsent_lowat(transport), _small_buffer(transport))
-    writable = getattr(protocol, "writable", None)
-    if isinstance(writable, asyncio.Event):
-        pacing.drained = writable.wait
-        pacing.waits_each_message = True
-    return pacing
-
-
-def _asgi_protocol(send: object) -> object | None:
-    """The uvicorn protocol whose bound method ``send`` is, or is wrapped by ``send`` (in closures or
-    ``functools.partial``); None if there is none."""
-    todo: deque[object] = deque([send])
-    looked = 0
-    while todo and looked < _LOOK_AT_MOST:
-        candidate = todo.popleft()
-        looked += 1
-        owner: object = getattr(candidate, "__self__", None)
-        if owner is not None and _transport(getattr(owner, "transport", None)) is not None:
-            return owner
-        inner = getattr(candidate, "func", None)
-        if callable(inner):
-            todo.append(inner)
-        for cell in getattr(candidate, "__closure__", None) or ():
-            # An empty cell (a variable not bound yet) raises ValueError.
-            with contextlib.suppress(ValueError):
-                if callable(cell.cell_contents):
-                    todo.append(cell.cell_contents)
-    return None
+def pace_transport(transport: asyncio.Transport) -> Pacing:
+    """Pace a connection whose writer waits for the transport itself (the site's end of a link): the
+    kernel's limit and the small write buffer."""
+    return Pacing(transport, _notsent_lowat(transport), _small_buffer(transport))
 
 
 def _transport(candidate: object) -> asyncio.Transport | None:

@@ -1,17 +1,17 @@
 """The two ends of a link (:mod:`msgbusd.sending.links`) behind one small interface: the opener's end is an
-aiohttp WebSocket, the other a starlette one on the site port. Both are paced
-(:mod:`msgbusd.sending.link_pacing`): a ``send`` returns once the message is in the kernel's hands, which
-hold little of it unsent."""
+aiohttp WebSocket (:class:`ClientSocket`), the site's the connection's own protocol
+(:class:`~msgbusd.sending.site_socket.SiteSocket`). Both are paced (:mod:`msgbusd.sending.link_pacing`): a
+``send`` returns once the message is in the kernel's hands, which hold little of it unsent."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Protocol
 
 import aiohttp
-from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from msgbusd.sending.link_pacing import pace_client, pace_server
+from msgbusd.sending.link_pacing import pace_client
 
 # The close code of a refused handshake (4000-4999 are the application's).
 REFUSED = 4403
@@ -49,13 +49,16 @@ class Socket(Protocol):
 
 
 class ClientSocket:
-    """The opener's end (aiohttp)."""
+    """The opener's end (aiohttp, opened without aiohttp's own pings: the link answers and sends them, and
+    notes when it last heard from the other end)."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self._ws = ws
         self._reason = ""
         self._code: int | None = None
         self.pacing = pace_client(ws)
+        # When something last came from the other end, a pong too (monotonic).
+        self.heard_at = time.monotonic()
 
     async def send(self, data: bytes) -> None:
         try:
@@ -63,8 +66,22 @@ class ClientSocket:
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise LinkClosed(str(exc) or type(exc).__name__) from exc
 
+    async def ping(self) -> None:
+        """Send a ping (its pong counts as hearing from the other end); raises :class:`LinkClosed`."""
+        try:
+            await self._ws.ping()
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise LinkClosed(str(exc) or type(exc).__name__) from exc
+
     async def receive(self) -> bytes | None:
         message = await self._ws.receive()
+        self.heard_at = time.monotonic()
+        while message.type in (aiohttp.WSMsgType.PING, aiohttp.WSMsgType.PONG):
+            if message.type == aiohttp.WSMsgType.PING:
+                with contextlib.suppress(aiohttp.ClientError, ConnectionError, RuntimeError):
+                    await self._ws.pong(message.data)
+            message = await self._ws.receive()
+            self.heard_at = time.monotonic()
         if message.type == aiohttp.WSMsgType.BINARY:
             return bytes(message.data)
         if message.type == aiohttp.WSMsgType.TEXT:
@@ -88,63 +105,6 @@ class ClientSocket:
 
     def refused(self) -> bool:
         return self._code == REFUSED
-
-    def retired(self) -> bool:
-        return self._code == RETIRED
-
-
-class ServerSocket:
-    """The site's end (starlette, on the site port)."""
-
-    def __init__(self, ws: WebSocket) -> None:
-        self._ws = ws
-        self._reason = ""
-        self._closed = False
-        self._code: int | None = None
-        self.pacing = pace_server(ws)
-
-    async def send(self, data: bytes) -> None:
-        if self._closed:
-            raise LinkClosed(self.close_reason())
-        try:
-            await self._ws.send_bytes(data)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise LinkClosed(str(exc) or type(exc).__name__) from exc
-        # uvicorn waits for the transport before its next write: the link's writer is to pick the next
-        # message once this one left, not before.
-        await self.pacing.wait_drained()
-
-    async def receive(self) -> bytes | None:
-        if self._closed:
-            return None
-        try:
-            message = await self._ws.receive()
-        except (RuntimeError, OSError) as exc:
-            self._closed = True
-            self._reason = f"failed: {exc}"
-            return None
-        if message["type"] == "websocket.disconnect":
-            self._closed = True
-            self._code = message.get("code")
-            self._reason = f"closed by the peer ({message.get('code', '')} {message.get('reason') or ''})"
-            return None
-        if message.get("bytes") is not None:
-            return bytes(message["bytes"])
-        return str(message.get("text", "")).encode()
-
-    async def close(self, code: int, reason: str) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._reason = self._reason or reason
-        with contextlib.suppress(Exception):
-            await self._ws.close(code=code, reason=reason[:120])
-
-    def close_reason(self) -> str:
-        return (self._reason or "closed").strip()
-
-    def refused(self) -> bool:
-        return False
 
     def retired(self) -> bool:
         return self._code == RETIRED

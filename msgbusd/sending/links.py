@@ -39,8 +39,15 @@ Every envelope is still signed and checked on its own and answered on its own in
 status and text), and the sender pops its queue only after the ack: a link that breaks loses nothing, its
 frames without an ack are sent again on the next link, and the receiver drops what it already has. An ack
 is waited for from when the frame's last piece was written (a large frame on a slow cable is not cut for
-taking long); both ends ping every ``ping_s`` (the opener only when nothing came for that long): the opener
-closes the link when a pong is half that late, the other end when it is twice that late.
+taking long).
+
+Whether a link's connection is alive the kernels at its ends find out (:mod:`msgbusd.sending.link_keepalive`:
+the opener's within about twice ``ping_s``), however busy either site is. The opener also pings a link that
+carried nothing for :data:`PING_EVERY_S` (or ``ping_s``, when longer), so that a proxy between the sites does
+not close it for being idle, and closes it when that ping's pong does not come within as long again (unless
+the opener itself was late: a busy site is not taken for a dead one). The other end sends no pings. The
+site's end lets links begin at a bounded rate (:mod:`msgbusd.sending.link_admission`): an opener turned away
+dials again when it was told to.
 """
 
 from __future__ import annotations
@@ -61,17 +68,19 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
-from starlette.websockets import WebSocket
 
 from msgbusd.errors import DeliveryError, peer_refusal
 from msgbusd.identity.signing import SignatureError, Signer, verify_digest
 from msgbusd.reports.logs import about
 from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.link_admission import BUSY_STATUS, RETRY_AFTER, come_back_in_s
+from msgbusd.sending.link_keepalive import opener_keepalive
 from msgbusd.sending.link_parts import PartError, Reassembly, is_part
-from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, ServerSocket, Socket
+from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, Socket
 from msgbusd.sending.link_writer import FairWriter
 from msgbusd.sending.peer_clocks import PeerClocks, read_stamp, stamp
+from msgbusd.sending.site_socket import LINK_PATH
 from msgbusd.sending.way_back import WayBack, reached_only_over_its_links
 from msgbusd.store.leases import first_set
 from twin_resolver.address import peer_url
@@ -82,7 +91,6 @@ from wire.error_texts import too_large_text
 
 log = logging.getLogger("msgbusd.links")
 
-LINK_PATH = "/zbus-link"
 # Frames received and not yet answered, per link: a sender waits for acks once it has a few frames on their
 # way (peers.WINDOW), so more means a flood.
 INBOUND_FRAMES = 32
@@ -106,6 +114,14 @@ UPLINK_REDIAL = Backoff(base_s=0.25, max_s=5.0, full_jitter=True)
 RELAY_LINK = 0
 # A sender waiting for a twin's uplink looks again this often (it is woken at once when the uplink opens).
 UPLINK_WAIT_S = 30.0
+# A link this site opened that carried nothing for this long (or --link-ping, when longer) is pinged: a
+# proxy between the sites closes a tunnel idle for its timeout (often 30 or 60 s).
+PING_EVERY_S = 25.0
+# The links this site opened are looked at this often for their pings.
+PING_SWEEP_S = 1.0
+# A sweep of the pings that begins this much later than it was due finds this site itself late: it closes no
+# link for a pong that may be waiting, unread, behind what made it late.
+LATE_S = 0.5
 
 # What an inbound frame's envelopes get: one result per message, {"status": 200} or status and message.
 # Called with the twin at the other end, the messages, and whether the link is this site's link to its relay
@@ -160,8 +176,9 @@ class Link:
         self.uplink = uplink
         # This site's link to its relay: what comes on it is from any twin, through the relay.
         self.to_relay = to_relay
-        # Set once the link is closed and its reader has ended.
-        self.ended = asyncio.Event()
+        # Set once the link is closed and its reader has ended (made when first asked for).
+        self._ended: asyncio.Event | None = None
+        self._has_ended = False
         self._clock = clock
         # When a frame last went either way (pings do not count).
         self.used_at = clock()
@@ -176,15 +193,35 @@ class Link:
         self._parts = Reassembly(max_bytes + FRAME_OVERHEAD_BYTES)
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[list[Result]]] = {}
-        self._inbound: asyncio.Queue[tuple[int, list[Any]] | None] = asyncio.Queue(INBOUND_FRAMES)
+        # The peer's frames waiting for their answer, in order, and the task answering them while there are
+        # some (a quiet link has none); the reader waits for room beyond INBOUND_FRAMES.
+        self._inbound: list[tuple[int, list[Any]]] = []
+        self._answerer: asyncio.Task[None] | None = None
+        self._room: asyncio.Future[None] | None = None
         self._answering = False
         # Acks waiting for their turn to be written.
         self._acks: set[asyncio.Task[None]] = set()
         self._closed: str | None = None
+        # When this end's ping still waiting for its pong was sent (monotonic), if one is.
+        self._ping_sent_at: float | None = None
 
     @property
     def is_open(self) -> bool:
         return self._closed is None
+
+    @property
+    def ended(self) -> asyncio.Event:
+        """Set once the link is closed and its reader has ended (:meth:`mark_ended`)."""
+        if self._ended is None:
+            self._ended = asyncio.Event()
+            if self._has_ended:
+                self._ended.set()
+        return self._ended
+
+    def mark_ended(self) -> None:
+        self._has_ended = True
+        if self._ended is not None:
+            self._ended.set()
 
     @property
     def closed_reason(self) -> str | None:
@@ -233,7 +270,6 @@ class Link:
 
     async def run(self) -> None:
         """Read frames until the link closes; the peer's frames are answered one after the other, in order."""
-        answering = asyncio.ensure_future(self._answer_frames())
         try:
             while (data := await self._socket.receive()) is not None:
                 try:
@@ -253,19 +289,55 @@ class Link:
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(LinkClosed(self._closed))
-            if self._inbound.full():
-                answering.cancel()
-            else:
-                self._inbound.put_nowait(None)
-            with contextlib.suppress(asyncio.CancelledError, LinkClosed):
-                await answering
+            # The peer sends again, on its next link, the frames not answered yet; the one being answered
+            # is let finish.
+            self._inbound.clear()
+            self._wake_room()
+            if self._answerer is not None:
+                with contextlib.suppress(asyncio.CancelledError, LinkClosed):
+                    await self._answerer
             await self._socket.close(1000, self._closed)
 
     @property
     def busy(self) -> bool:
         """A frame of ours waits for its ack, or one of the peer's for its answer (or for the answer's turn to
         be written) or its next parts."""
-        return bool(self._pending) or self._answering or bool(self._acks) or self._parts.holding
+        return (
+            bool(self._pending)
+            or self._answering
+            or bool(self._inbound)
+            or bool(self._acks)
+            or self._parts.holding
+        )
+
+    async def keep_alive(self, now: float, every_s: float, *, may_close: bool) -> None:
+        """Ping the other end when nothing came from it for ``every_s``; close the link when a ping's pong
+        did not come within ``every_s`` either, unless ``may_close`` is False (this site itself is late).
+        Only an end that notes when it last heard from the other (the opener's) pings."""
+        socket = self._socket
+        heard_at = getattr(socket, "heard_at", None)
+        ping = getattr(socket, "ping", None)
+        if not isinstance(heard_at, float) or ping is None or self._closed is not None:
+            return
+        if self._ping_sent_at is not None:
+            if heard_at >= self._ping_sent_at:
+                self._ping_sent_at = None
+            else:
+                if now - self._ping_sent_at >= every_s and may_close:
+                    log.warning(
+                        "closing the link with twin %s: no pong within %.0fs",
+                        self.peer,
+                        every_s,
+                        extra=about(twin=self.peer),
+                    )
+                    await self.close(f"no pong within {every_s:g}s")
+                return
+        if now - heard_at >= every_s:
+            self._ping_sent_at = now
+            try:
+                await ping()
+            except LinkClosed as exc:
+                await self.close(str(exc))
 
     async def retire(self, reason: str) -> None:
         """Close the link because this site no longer needs it (not a break: it opens again on need)."""
@@ -276,6 +348,7 @@ class Link:
         """Close the link; frames waiting for an answer fail with :class:`LinkClosed`."""
         if self._closed is None:
             self._closed = reason
+        self._wake_room()
         await self._writer.close(self._closed)
         await self._socket.close(code, reason)
 
@@ -291,7 +364,7 @@ class Link:
                 messages = frame["messages"]
                 if not isinstance(messages, list):
                     raise TypeError("messages is not a list")
-                await self._inbound.put((frame_id, messages))
+                await self._take_inbound(frame_id, messages)
             else:
                 raise ValueError(f"unknown op {op!r}")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -320,25 +393,46 @@ class Link:
             ]
         )
 
+    async def _take_inbound(self, frame_id: int, messages: list[Any]) -> None:
+        """Queue one of the peer's frames for its answer (waiting for room first: a flood waits in the
+        socket, not here)."""
+        while len(self._inbound) >= INBOUND_FRAMES and self._closed is None:
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+        if self._closed is not None:
+            return
+        self._inbound.append((frame_id, messages))
+        if self._answerer is None:
+            self._answerer = asyncio.ensure_future(self._answer_frames())
+
+    def _wake_room(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
     async def _answer_frames(self) -> None:
-        while (frame := await self._inbound.get()) is not None:
-            frame_id, messages = frame
-            self._answering = True
-            try:
-                results = await self._answer(self.peer, messages, self.to_relay)
-                ack = orjson.dumps({"op": "ack", "id": frame_id, "results": results})
-                if self._writer.busy:
-                    # Behind the parts of a large frame the ack waits its turn; the next frame is answered
-                    # meanwhile (the peer matches acks by frame id).
-                    self._write_later(ack)
-                else:
-                    await self._write(ack)
-            except LinkClosed:
-                # The peer sends the frame again on its next link; its envelopes are kept once.
-                return
-            finally:
-                self._answering = False
-                self.used_at = self._clock()
+        try:
+            while self._inbound and self._closed is None:
+                frame_id, messages = self._inbound.pop(0)
+                self._wake_room()
+                self._answering = True
+                try:
+                    results = await self._answer(self.peer, messages, self.to_relay)
+                    ack = orjson.dumps({"op": "ack", "id": frame_id, "results": results})
+                    if self._writer.busy:
+                        # Behind the parts of a large frame the ack waits its turn; the next frame is
+                        # answered meanwhile (the peer matches acks by frame id).
+                        self._write_later(ack)
+                    else:
+                        await self._write(ack)
+                except LinkClosed:
+                    # The peer sends the frame again on its next link; its envelopes are kept once.
+                    return
+                finally:
+                    self._answering = False
+                    self.used_at = self._clock()
+        finally:
+            self._answerer = None
+            self._wake_room()
 
     async def _write(self, data: bytes) -> None:
         await self._writer.write(data)
@@ -431,8 +525,10 @@ class Links:
         self._breaks: dict[int, deque[float]] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
-        # Links adopted whose reader has not ended yet.
-        self._count = 0
+        # Links adopted whose reader has not ended yet that this site may close to make room (uplinks it
+        # may not: an edge is reached over its uplink only), and those it opened itself (it pings them).
+        self._closable: set[Link] = set()
+        self._dialed: set[Link] = set()
 
     def open_count(self) -> int:
         return sum(1 for links in self._links.values() for link in links if link.is_open)
@@ -464,6 +560,28 @@ class Links:
                 await self.close_idle()
             except Exception:
                 log.exception("closing idle links failed")
+
+    async def ping_until(self, stopping: asyncio.Event) -> None:
+        """Ping the links this site opened while they carry nothing (:meth:`ping_due`) until ``stopping``."""
+        due = self._clock() + PING_SWEEP_S
+        while not stopping.is_set():
+            await sleep_unless(stopping, max(0.0, due - self._clock()))
+            if stopping.is_set():
+                return
+            now = self._clock()
+            late = now - due > LATE_S
+            due = now + PING_SWEEP_S
+            try:
+                await self.ping_due(now, late=late)
+            except Exception:
+                log.exception("pinging links failed")
+
+    async def ping_due(self, now: float, *, late: bool = False) -> None:
+        """Ping each link this site opened that carried nothing for :data:`PING_EVERY_S` (``ping_s`` when
+        longer), and close those whose pong is as late, unless this site itself is ``late``."""
+        every_s = max(self._ping_s, PING_EVERY_S)
+        for link in list(self._dialed):
+            await link.keep_alive(now, every_s, may_close=not late)
 
     async def link_to(
         self, twin_id: int, *, replies_only: bool = False, open_new: bool = True
@@ -532,6 +650,11 @@ class Links:
                 )
                 return None
             except DeliveryError as exc:
+                if exc.kind == "busy" and not keeps_link and exc.retry_after_s is not None:
+                    # The site lets no more links begin now: POSTs meanwhile, a link again at its word.
+                    self._posts_until[twin_id] = self._clock() + exc.retry_after_s
+                    log.info("%s; sending it POSTs meanwhile", exc.cause, extra=about(twin=twin_id))
+                    return None
                 if exc.offline:
                     await self._broke(twin_id, exc.cause)
                 raise
@@ -544,10 +667,9 @@ class Links:
             await self._start_reading(link)
             return link
 
-    async def serve(self, websocket: WebSocket) -> None:
-        """``/zbus-link``: a peer opens a link to this site."""
-        await websocket.accept()
-        socket = ServerSocket(websocket)
+    async def serve(self, socket: Socket) -> None:
+        """``/zbus-link``: a peer opened a link to this site (its upgrade was taken; the handshake is
+        next)."""
         try:
             peer, peer_max_bytes, uplink, reads_parts = await asyncio.wait_for(
                 self._greet(socket), self.timeout_s
@@ -663,6 +785,12 @@ class Links:
                 cause = f"the site of {name} takes no links"
             except DeliveryError as exc:
                 link, cause = None, exc.cause
+                if exc.kind == "busy" and exc.retry_after_s is not None:
+                    # Turned away by a site letting a herd in: back at the turn it gave, as no failure.
+                    log.info("uplink to %s: %s", name, cause)
+                    self._uplink_since.setdefault(key, time.time())
+                    await sleep_unless(stopping, exc.retry_after_s)
+                    continue
             except Exception as exc:
                 log.exception("opening the uplink to %s failed", name)
                 link, cause = None, str(exc)
@@ -843,21 +971,24 @@ class Links:
         return ours[-1] if ours else None
 
     async def _adopt(self, link: Link) -> None:
-        if self._count >= self.max_links:
-            await self._make_room()
-        self._count += 1
+        if not link.uplink:
+            if len(self._closable) >= self.max_links:
+                await self._make_room()
+            self._closable.add(link)
+        if link.opened_here:
+            self._dialed.add(link)
         self._links.setdefault(link.peer, []).append(link)
 
     async def _make_room(self) -> None:
-        """Close the least recently used link that is not carrying anything now."""
-        idle = [link for link in self._all_open() if not link.busy and not link.uplink]
+        """Close the least recently used link (not an uplink) that is not carrying anything now."""
+        idle = [link for link in self._closable if link.is_open and not link.busy]
         if not idle:
             return
         oldest = min(idle, key=lambda link: link.used_at)
         log.info(
-            "closing the link with twin %s: %d links are open (--max-links)",
+            "closing the link with twin %s: %d links are open (--max-links, uplinks aside)",
             oldest.peer,
-            self._count,
+            len(self._closable),
             extra=about(twin=oldest.peer),
         )
         await oldest.retire(f"{self.max_links} links open at most")
@@ -871,7 +1002,8 @@ class Links:
         except Exception:
             log.exception("the link with twin %s failed", link.peer, extra=about(twin=link.peer))
         finally:
-            self._count -= 1
+            self._closable.discard(link)
+            self._dialed.discard(link)
             links = self._links.get(link.peer, [])
             if link in links:
                 links.remove(link)
@@ -883,7 +1015,7 @@ class Links:
                 link.closed_reason,
                 extra=about(twin=link.peer),
             )
-            link.ended.set()
+            link.mark_ended()
             if link.uplink and not link.opened_here and self._uplink(link.peer, opened_here=False) is None:
                 self._uplink_since[link.peer] = time.time()
                 await self._tell_uplink_change(link.peer, opened=False)
@@ -933,11 +1065,18 @@ class Links:
         try:
             ws = await self._http.websocket(
                 "ws" + url.removeprefix("http"),
-                heartbeat_s=self._ping_s,
                 max_message_bytes=self.max_frame_bytes + 4096,
                 timeout_s=self.timeout_s,
             )
         except aiohttp.WSServerHandshakeError as exc:
+            turn_s = come_back_in_s(exc.headers.get(RETRY_AFTER)) if exc.headers is not None else None
+            if exc.status == BUSY_STATUS and turn_s is not None:
+                raise DeliveryError(
+                    f"the site of {what} at {url} lets no more links begin now: "
+                    f"dialing again in {turn_s:.1f}s",
+                    kind="busy",
+                    retry_after_s=turn_s,
+                ) from exc
             if exc.status in (502, 503, 504):
                 raise DeliveryError(
                     f"{what} at {url} cannot take messages now: {exc.status}", offline=True
@@ -948,6 +1087,7 @@ class Links:
         except aiohttp.ClientError as exc:
             raise DeliveryError(f"couldn't reach {what} at {url}: {exc}", offline=True) from exc
         socket = ClientSocket(ws)
+        opener_keepalive(self._ping_s).apply_to(socket.pacing.transport)
         try:
             peer, peer_max_bytes, reads_parts = await asyncio.wait_for(
                 self._introduce(socket, twin_id, public_key, uplink=uplink), self.timeout_s

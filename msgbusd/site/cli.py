@@ -181,8 +181,22 @@ def site_settings(
         ),
     ] = True,
     link_ping: Annotated[
-        float, typer.Option(min=0.1, help="Seconds between pings on a link; two missed pongs close it.")
+        float,
+        typer.Option(
+            min=0.1,
+            help="Seconds a link this site opened may be silent before its connection is checked (by the "
+            "kernel, answered however busy the other site is); one found dead is closed within about as "
+            "long again, and the link opened again.",
+        ),
     ] = 5.0,
+    link_handshakes: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Links other sites open that this site lets begin each second, at most: a herd of edges "
+            "coming back at once is let in in turns (503, Retry-After: when to dial again).",
+        ),
+    ] = 1000.0,
     link_idle: Annotated[
         float,
         typer.Option(
@@ -349,6 +363,7 @@ def site_settings(
         hold_offline=hold_offline,
         links=links,
         link_ping_s=link_ping,
+        link_handshakes_per_s=link_handshakes,
         link_idle_s=link_idle,
         max_links=max_links,
         uplinks=uplinks,

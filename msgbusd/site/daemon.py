@@ -36,12 +36,14 @@ from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.reports.site_warnings import SiteWarnings
 from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.link_admission import LinkAdmission
 from msgbusd.sending.links import Links
 from msgbusd.sending.peer_clocks import PeerClocks
 from msgbusd.sending.peers import Peers
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import CLAIM_BATCH, Schedule
 from msgbusd.sending.send_items import SendItems
+from msgbusd.sending.site_socket import SiteSocketSettings, site_sockets
 from msgbusd.sending.way_back import WayBack
 from msgbusd.site.companions import Companion, SiteHandle
 from msgbusd.site.garbage import settle_after_start_up
@@ -229,14 +231,16 @@ class Daemon:
         site.warnings.add(redis_memory.warnings)
         if not await redis_memory.start(lambda: site.redis.set(keys.SITE_TWIN, site.twin), self._stopping):
             return
+        link_sockets = SiteSocketSettings(
+            site.links.serve if site.links is not None else None,
+            # A link carries a whole batch in one message.
+            max_message_bytes=site.door.max_message_bytes + 4096,
+            admission=LinkAdmission(settings.link_handshakes_per_s),
+        )
         self._server = server(
-            create_app(site.door, self._report_routes(loopback_only), site.links),
+            create_app(site.door, self._report_routes(loopback_only)),
             settings.drain_grace_s,
-            # A link carries a whole batch in one message; pings find a link that stalled.
-            ws_max_size=site.door.max_message_bytes + 4096,
-            ws_ping_interval=settings.link_ping_s,
-            ws_ping_timeout=2 * settings.link_ping_s,
-            ws_per_message_deflate=False,
+            ws=site_sockets(link_sockets),
         )
         handlers = site.handlers
         await self._take_back_single_lists()
@@ -277,6 +281,7 @@ class Daemon:
             group.create_task(redis_memory.watch(stopping), name="redis memory")
             if site.links is not None:
                 group.create_task(site.links.close_idle_until(stopping), name="idle links")
+                group.create_task(site.links.ping_until(stopping), name="link pings")
                 group.create_task(self._reopen_ways_back(site.links), name="ways back")
                 if site.links.keeps_links:
                     group.create_task(site.links.keep_uplinks(stopping), name="uplinks")

@@ -5,8 +5,14 @@ every tenth time, and at the oldest (where the ~90,000 objects start-up made liv
 it has grown by a quarter. With thousands of messages in flight, each holding a few dozen objects for a few
 milliseconds, that was 1,500 looks for 10,000 new twins and 3.5 s of the daemon's 16 s of CPU. What the
 daemon makes is freed when its last reference goes (it makes no cycles per message), so the collector is
-asked less often and start-up's objects are set aside for good; every generation is also collected when the
-memory is given back (:mod:`msgbusd.site.memory`), so that a burst's cycles do not wait for the next.
+asked less often and start-up's objects are set aside for good.
+
+The oldest generation is where what lives long ends up: a site's links, thousands of them on a cloud site
+with many edges, each a few dozen objects. Looking through it takes the daemon's whole core for a while
+(0.2 s at 2,000 edges, about a second at 10,000), during which nothing else runs, so the daemon never asks
+for it: Python does, when that generation has grown by a quarter since it last looked. What the daemon asks
+for every little while (:mod:`msgbusd.site.memory`) is the two younger generations, whose cost follows the
+work of the last moments, not how many links the site holds.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import gc
 
 # New containers (net) between two looks at the youngest generation: a few MB of objects at most.
 YOUNG_THRESHOLD = 20_000
+# The generations the daemon collects itself: the youngest and the middle one.
+YOUNGER_GENERATIONS = 1
 
 
 def settle_after_start_up() -> None:
@@ -27,6 +35,7 @@ def settle_after_start_up() -> None:
 
 
 def collect_cycles() -> None:
-    """Collect every generation now, so that the cycles a burst left do not wait for the next burst (a
-    few tens of milliseconds after a burst to 10,000 twins, start-up's objects being set aside)."""
-    gc.collect()
+    """Collect the cycles among the objects made since the last looks now (the two younger generations),
+    so that those a burst left do not wait for the next burst; the oldest generation is left to Python's
+    own schedule."""
+    gc.collect(YOUNGER_GENERATIONS)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -42,6 +43,10 @@ log = logging.getLogger("msgbusd.instances")
 # Every waiting destination is looked over this often (lost announcements; leases of the dead).
 SWEEP_S = 5.0
 BEATS_PER_LEASE = 5
+# Uplinks that opened or closed are recorded in Redis this long after the first of them, this many at a time
+# at most: a herd of edges coming back is a few round trips, not one each.
+UPLINK_RECORD_AFTER_S = 0.05
+UPLINK_BATCH = 1000
 
 
 def pick(name: str, live: Iterable[str]) -> str:
@@ -88,8 +93,12 @@ class Instance:
         self._unheard_since_sweep = True
         self._processes: dict[str, ProcessInfo | None] = {}
         # Leases that go to a given instance while it is live (a twin's sending, to the instance its uplink
-        # is open to), read at each beat.
+        # is open to): this instance's own as they change, the others' read at a beat when they changed.
         self.preferred: dict[str, str] = {}
+        self._uplinks_version: int | None = None
+        # Uplinks opened (True) or closed (False) here and not recorded in Redis yet, the latest last.
+        self._uplink_changes: dict[int, bool] = {}
+        self._record_uplinks_at: asyncio.TimerHandle | None = None
 
     # --- joining and leaving -----------------------------------------------------------------------------
 
@@ -213,12 +222,25 @@ class Instance:
         if len(live) > 1 or len(self.live) > 1:
             self._unheard_since_sweep = True
         self.live = sorted(live)
-        self.preferred = await self._store.uplink_holders()
+        if len(self.live) > 1 and beat.uplinks_version != self._uplinks_version:
+            await self._read_uplinks(beat.uplinks_version)
         if swept or self._clock() >= self._next_sweep:
             # What a previous run or a dead instance left waits for peers nobody here knows the state of:
             # their senders probe them first.
             await self._sweep(taken_over=force_sweep or bool(buried))
         self._rebalance()
+
+    async def _read_uplinks(self, version: int) -> None:
+        """Which instance each twin's uplink is open to, as Redis says (with the changes here not recorded
+        yet): read when other instances are live and it changed since the last read."""
+        preferred = await self._store.uplink_holders()
+        for twin, opened in self._uplink_changes.items():
+            if opened:
+                preferred[str(twin)] = self.id
+            elif preferred.get(str(twin)) == self.id:
+                del preferred[str(twin)]
+        self.preferred = preferred
+        self._uplinks_version = version
 
     async def _bury_dead(self, beat: Beat) -> set[str]:
         judge_by_age = self._beating_since is not None and self._clock() - self._beating_since >= self.lease_s
@@ -272,7 +294,9 @@ class Instance:
                 self._leases.let_go(name)
 
     async def settle_claims(self) -> None:
-        """Claim what local work wants and what others said is ours; hand on what is no longer used."""
+        """Record the uplinks that changed, claim what local work wants and what others said is ours; hand on
+        what is no longer used."""
+        await self._record_uplinks()
         wanted, told, known = self._leases.take_claims()
         if known:
             # Their holders are told directly; one that is gone (no one listens) is claimed instead.
@@ -300,17 +324,39 @@ class Instance:
         return preferred if preferred is not None and preferred in live else pick(name, live)
 
     async def uplink_changed(self, twin: int, opened: bool) -> None:
-        """``twin``'s uplink opened to this instance, or closed: the lease of sending to it follows."""
+        """``twin``'s uplink opened to this instance, or closed: the lease of sending to it follows. Recorded
+        in Redis with the others that changed meanwhile, by the instance's loop (:meth:`settle_claims`)."""
         name = str(twin)
         if opened:
-            await self._store.uplink_opened(twin, self.id)
             self.preferred[name] = self.id
-            if not self._leases.holds(name):
-                self._leases.want(name)
-        else:
-            await self._store.uplink_closed(twin, self.id)
-            if self.preferred.get(name) == self.id:
-                del self.preferred[name]
+        elif self.preferred.get(name) == self.id:
+            del self.preferred[name]
+        self._uplink_changes.pop(twin, None)
+        self._uplink_changes[twin] = opened
+        if self._record_uplinks_at is None:
+            self._record_uplinks_at = asyncio.get_running_loop().call_later(
+                UPLINK_RECORD_AFTER_S, self._uplinks_due
+            )
+
+    def _uplinks_due(self) -> None:
+        self._record_uplinks_at = None
+        self._leases.work.set()
+
+    async def _record_uplinks(self) -> None:
+        """Record the uplinks that changed here, a batch a round trip; the lease of sending to a twin whose
+        uplink opened here is claimed when something waits for it (an idle edge needs no sender)."""
+        while self._uplink_changes:
+            batch = list(itertools.islice(self._uplink_changes.items(), UPLINK_BATCH))
+            opened = [twin for twin, is_open in batch if is_open]
+            closed = [twin for twin, is_open in batch if not is_open]
+            waiting = await self._store.uplinks_changed(self.id, opened, closed)
+            for twin, is_open in batch:
+                if self._uplink_changes.get(twin) == is_open:
+                    del self._uplink_changes[twin]
+            for twin in waiting:
+                name = str(twin)
+                if self.preferred.get(name) == self.id and not self._leases.holds(name):
+                    self._leases.want(name)
 
     async def _claim(
         self, proposed: Mapping[str, str], tell: Tell, *, resumed: bool, look_again: bool = True

@@ -3,8 +3,8 @@
 Objects over 512 bytes (envelopes, buffers) come from the C library's ``malloc``, which keeps what is freed
 inside its heap unless it is at the top; a burst to thousands of new twins leaves that heap with free pages
 between the few objects still alive. glibc's ``malloc_trim`` hands every free page back; the daemon calls
-it every :data:`RELEASE_EVERY_S` (it takes a few milliseconds), right after collecting cycles
-(:mod:`msgbusd.site.garbage`). Without glibc, only the cycles are collected.
+it every :data:`RELEASE_EVERY_S` (it takes a few milliseconds), right after collecting the cycles of the
+younger generations (:mod:`msgbusd.site.garbage`). Without glibc, only the cycles are collected.
 """
 
 from __future__ import annotations

@@ -66,9 +66,12 @@ class Settings:
     # Keep messages to an unreachable twin (without spending their tries) until it is back or they expire.
     hold_offline: bool = False
     # Messages to and from other msgbus sites go over one WebSocket per peer (else one POST per batch, as
-    # to go-rmb sites); pings on a link go this often, and a link whose pong is late is closed.
+    # to go-rmb sites); a link this site opened that is silent this long has its connection checked (the
+    # kernel's keepalive), and one found dead is closed within about as long again.
     links: bool = True
     link_ping_s: float = 5.0
+    # Links other sites open are let begin at this rate at most (a herd of edges is let in in turns).
+    link_handshakes_per_s: float = 1000.0
     # A link that carried nothing this long is closed (opened again when there is work); at most this many
     # links are open at once, the least recently used one closed first (each holds a socket).
     link_idle_s: float = 300.0

@@ -16,8 +16,9 @@ from wire import keys
 from wire.redis_url import as_text
 
 # Records a heartbeat of ARGV[1] and what it says of itself; returns whether it was in the instances set
-# (0: first beat, or another instance took it for dead), Redis's time, and every instance with its last beat.
-# KEYS: instances, the instance's info. ARGV: id, info TTL seconds, then field/value pairs.
+# (0: first beat, or another instance took it for dead), Redis's time, every instance with its last beat, and
+# the version of the uplinks' hash. KEYS: instances, the instance's info, the uplinks' version. ARGV: id,
+# info TTL seconds, then field/value pairs.
 _HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -25,7 +26,8 @@ local present = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-return {present, tostring(now), redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}
+local version = redis.call('GET', KEYS[3]) or '0'
+return {present, tostring(now), redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'), version}
 """
 
 # Takes over a dead instance unless it beat after ARGV[2]: moves each of its processing lists back to the head
@@ -74,12 +76,21 @@ end
 return holders
 """
 
-# KEYS: uplinks; ARGV: twin, instance. The uplink is forgotten only if it is still said to be that instance's.
-_FORGET_UPLINK = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  redis.call('HDEL', KEYS[1], ARGV[1])
+# Records uplinks that opened to instance ARGV[1] (the first ARGV[2] twins after it) and forgets those that
+# closed there (the rest: each only if it is still said to be that instance's); returns the twins among the
+# opened whose send queue is not empty. KEYS: uplinks, their version, destinations.
+_UPLINKS_CHANGED = """
+local opened = tonumber(ARGV[2])
+local waiting = {}
+for i = 3, 2 + opened do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[1])
+  if redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 1 then waiting[#waiting + 1] = ARGV[i] end
 end
-return 0
+for i = 3 + opened, #ARGV do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[1] then redis.call('HDEL', KEYS[1], ARGV[i]) end
+end
+redis.call('INCR', KEYS[2])
+return waiting
 """
 
 # Hands leases the caller holds to other instances (or frees them: an empty name of the next holder), and
@@ -127,6 +138,8 @@ class Beat:
     was_present: bool
     now: float
     beats: dict[str, float]
+    # The version of the uplinks' hash (it changes with every uplink that opens or closes).
+    uplinks_version: int = 0
 
 
 class InstanceStore:
@@ -138,27 +151,31 @@ class InstanceStore:
         self._bury = redis.register_script(_BURY)
         self._claim = redis.register_script(_CLAIM)
         self._hand_over = redis.register_script(_HAND_OVER)
-        self._forget_uplink = redis.register_script(_FORGET_UPLINK)
+        self._uplinks_changed = redis.register_script(_UPLINKS_CHANGED)
 
     async def heartbeat(self, instance: str, info: Mapping[str, str], ttl_s: int) -> Beat:
         fields = [value for pair in info.items() for value in pair]
-        present, now, flat = await self._heartbeat(
-            keys=[keys.INSTANCES, keys.instance_info(instance)], args=[instance, ttl_s, *fields]
+        present, now, flat, version = await self._heartbeat(
+            keys=[keys.INSTANCES, keys.instance_info(instance), keys.UPLINKS_VERSION],
+            args=[instance, ttl_s, *fields],
         )
         beats = {as_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return Beat(bool(present), float(now), beats)
+        return Beat(bool(present), float(now), beats, int(version))
 
     async def uplink_holders(self) -> dict[str, str]:
         """Which instance each twin's uplink is open to (twin id -> instance)."""
         found = await self.redis.hgetall(keys.UPLINKS)
         return {as_text(k): as_text(v) for k, v in found.items()}
 
-    async def uplink_opened(self, twin: int, instance: str) -> None:
-        await self.redis.hset(keys.UPLINKS, str(twin), instance)
-
-    async def uplink_closed(self, twin: int, instance: str) -> None:
-        """Forget ``twin``'s uplink unless it opened again to another instance meanwhile."""
-        await self._forget_uplink(keys=[keys.UPLINKS], args=[str(twin), instance])
+    async def uplinks_changed(self, instance: str, opened: Sequence[int], closed: Sequence[int]) -> list[int]:
+        """Record the uplinks of ``opened`` as open to ``instance`` and forget those of ``closed`` (unless one
+        opened again to another instance meanwhile), in one round trip; returns the twins of ``opened``
+        that have something waiting to be sent to them."""
+        args: list[str | int] = [instance, len(opened), *map(str, opened), *map(str, closed)]
+        waiting = await self._uplinks_changed(
+            keys=[keys.UPLINKS, keys.UPLINKS_VERSION, keys.DESTINATIONS], args=args
+        )
+        return [int(as_text(twin)) for twin in waiting]
 
     async def describe(self, instance: str) -> dict[str, str]:
         """What ``instance`` last said of itself (empty once its heartbeats stopped long enough)."""

@@ -20,6 +20,7 @@ from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.links import Link, Links, send_envelopes
 from msgbusd.sending.posts import REMOTE_PATH, REPLY_PATH
 from twin_resolver.base import Resolver, Twin
+from wire.backoff import sleep_unless
 from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, Envelope, encode_payload, envelope_size_limit
 
 log = logging.getLogger("many_edges")
@@ -32,6 +33,9 @@ REPLY_QUEUE = "msgbus.system.reply"
 KEPT_DIALS = 200_000
 # Edge-to-cloud round trips kept for the percentiles.
 KEPT_ROUND_TRIPS = 100_000
+# Every edge's uplink is looked at for its ping this often, by one task for all (an edge's msgbusd looks
+# every second; the pings themselves go every 25 s).
+PING_SWEEP_S = 5.0
 
 
 def edge_entries(first: int, count: int, signer_of: Callable[[int], Signer]) -> list[Twin]:
@@ -125,6 +129,7 @@ class ManyEdges:
         """Keep every edge's uplink, and send the replies back, until ``stopping``."""
         async with asyncio.TaskGroup() as group:
             workers = [group.create_task(self._send_replies()) for _ in range(REPLY_WORKERS)]
+            workers.append(group.create_task(self._ping(stopping)))
             for edge in self.edges.values():
                 group.create_task(edge.links.keep_uplinks(stopping), name=f"edge {edge.twin}")
             await stopping.wait()
@@ -132,6 +137,13 @@ class ManyEdges:
                 task.cancel()
         await asyncio.gather(*(edge.links.aclose() for edge in self.edges.values()))
         await self.http.aclose()
+
+    async def _ping(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            await sleep_unless(stopping, PING_SWEEP_S)
+            now = time.monotonic()
+            for edge in self.edges.values():
+                await edge.links.ping_due(now)
 
     def open_count(self) -> int:
         return sum(1 for edge in self.edges.values() if edge.links.open_count())

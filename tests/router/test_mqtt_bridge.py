@@ -20,7 +20,8 @@ from router.mqtt_bridge import (
 )
 from testing.local_mqtt import MosquittoProcess
 from tests.support import mqtt as mqtt_support
-from tests.support.mqtt import MqttNames, Received, bridge_settings, wait_for
+from tests.support.mqtt import MqttNames, Received, bridge_settings
+from tests.support.waiting import wait_for
 
 # The brokers' fixtures, under the names the tests ask for.
 mosquitto = mqtt_support.mosquitto

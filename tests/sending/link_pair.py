@@ -1,6 +1,6 @@
 """The two ends of a link on loopback, in this process: the opener's over aiohttp as ``Links`` opens it, the
-site's over uvicorn as the daemon serves it, each a :class:`Link` with a :class:`Recorder` in front of its
-socket."""
+site's over uvicorn and the site's own socket as the daemon serves it, each a :class:`Link` with a
+:class:`Recorder` in front of its socket."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from typing import Any, TypeVar
 import orjson
 import uvloop
 from starlette.applications import Starlette
-from starlette.routing import WebSocketRoute
-from starlette.websockets import WebSocket
 
 from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.link_parts import FIRST, LAST, is_part
-from msgbusd.sending.link_sockets import ClientSocket, ServerSocket, Socket
+from msgbusd.sending.link_sockets import ClientSocket, Socket
 from msgbusd.sending.links import LINK_PATH, Answer, Link
+from msgbusd.sending.site_socket import SiteSocket, SiteSocketSettings, site_sockets
 from msgbusd.site.serving import bind_socket, server
 from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, envelope_size_limit
 
@@ -120,7 +119,7 @@ class Pair:
     at_opener: Recorder
     at_site: Recorder
     opener_socket: ClientSocket
-    site_socket: ServerSocket
+    site_socket: SiteSocket
     # The opener's reader: done once the link closed at the opener's end.
     reading: asyncio.Future[None]
     answered: list[tuple[int, str]]
@@ -158,18 +157,16 @@ def answerer(end: int, answered: list[tuple[int, str]], changed: asyncio.Event) 
 
 @asynccontextmanager
 async def site_port(
-    endpoint: Callable[[WebSocket], Awaitable[None]],
+    endpoint: Callable[[SiteSocket], Awaitable[None]], settings: SiteSocketSettings | None = None
 ) -> AsyncIterator[str]:
-    """The URL of ``/zbus-link`` on a port served as the daemon serves its own, by ``endpoint``."""
+    """The URL of ``/zbus-link`` on a port served as the daemon serves its own, by ``endpoint`` (with
+    ``settings`` rather than the daemon's, if given)."""
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     quiet = server(
-        Starlette(routes=[WebSocketRoute(LINK_PATH, endpoint)]),
+        Starlette(),
         1.0,
-        ws_max_size=MAX_BYTES + 4096,
-        ws_ping_interval=PING_S,
-        ws_ping_timeout=2 * PING_S,
-        ws_per_message_deflate=False,
+        ws=site_sockets(settings or SiteSocketSettings(endpoint, max_message_bytes=MAX_BYTES + 4096)),
     )
     serving = asyncio.ensure_future(quiet.serve(sockets=[sock]))
     try:
@@ -187,15 +184,13 @@ class Site:
         self.url = ""
         self._opener_reads_parts = opener_reads_parts
         self._max_bytes = max_bytes
-        self._ends: asyncio.Queue[tuple[Link, Recorder, ServerSocket]] = asyncio.Queue()
+        self._ends: asyncio.Queue[tuple[Link, Recorder, SiteSocket]] = asyncio.Queue()
         self._answered: list[tuple[int, str]] = []
         self._changed = asyncio.Event()
         self._ended: list[asyncio.Event] = []
         self._recorders: list[Recorder] = []
 
-    async def endpoint(self, websocket: WebSocket) -> None:
-        await websocket.accept()
-        sock = ServerSocket(websocket)
+    async def endpoint(self, sock: SiteSocket) -> None:
         recorder = Recorder(sock, self._changed)
         self._recorders.append(recorder)
         link = Link(
@@ -212,7 +207,7 @@ class Site:
         try:
             await link.run()
         finally:
-            link.ended.set()
+            link.mark_ended()
 
     @asynccontextmanager
     async def link(self, *, site_reads_parts: bool = True) -> AsyncIterator[Pair]:
@@ -221,9 +216,7 @@ class Site:
         self._changed = asyncio.Event()
         http = HttpClients(TIMEOUT_S)
         try:
-            ws = await http.websocket(
-                self.url, heartbeat_s=PING_S, max_message_bytes=MAX_BYTES + 4096, timeout_s=TIMEOUT_S
-            )
+            ws = await http.websocket(self.url, max_message_bytes=MAX_BYTES + 4096, timeout_s=TIMEOUT_S)
             opener_socket = ClientSocket(ws)
             at_opener = Recorder(opener_socket, self._changed)
             self._recorders.append(at_opener)

@@ -13,13 +13,14 @@ from urllib.parse import urlsplit
 
 import orjson
 import pytest
-from starlette.websockets import WebSocket
 
 from msgbusd.identity.signing import Signer
 from msgbusd.sending.http_client import HttpClients
+from msgbusd.sending.link_admission import LinkAdmission
 from msgbusd.sending.link_parts import PART_BYTES
-from msgbusd.sending.link_sockets import ClientSocket, ServerSocket
+from msgbusd.sending.link_sockets import ClientSocket
 from msgbusd.sending.links import Link, Links, Result, handshake_digest
+from msgbusd.sending.site_socket import SiteSocket, SiteSocketSettings
 from tests.sending.link_pair import (
     MAX_BYTES,
     OPENER,
@@ -63,16 +64,20 @@ class Sites:
             max_frame_bytes=MAX_BYTES,
         )
 
-    async def serve(self, websocket: WebSocket) -> None:
+    async def serve(self, socket: SiteSocket) -> None:
         assert self.site is not None
-        await self.site.serve(websocket)
+        await self.site.serve(socket)
 
 
 @asynccontextmanager
-async def sites(older_site: Any = None) -> AsyncIterator[tuple[Sites, str]]:
-    """Both sites, and the URL of the site's ``/zbus-link``; ``older_site`` serves it instead if given."""
+async def sites(
+    older_site: Any = None, admission: LinkAdmission | None = None
+) -> AsyncIterator[tuple[Sites, str]]:
+    """Both sites, and the URL of the site's ``/zbus-link``; ``older_site`` serves it instead if given, and
+    ``admission`` lets its links begin."""
     both = Sites()
-    async with site_port(older_site or both.serve) as url:
+    serve = older_site or both.serve
+    async with site_port(serve, SiteSocketSettings(serve, MAX_BYTES + 4096, admission)) as url:
         twins = [
             Twin(id=OPENER, address="127.0.0.1:1", public_key=KEYS[OPENER].public_key),
             Twin(id=SITE, address=urlsplit(url).netloc, public_key=KEYS[SITE].public_key),
@@ -108,10 +113,9 @@ async def test_an_older_site_is_written_whole_frames() -> None:
     ends: asyncio.Queue[tuple[Link, Recorder]] = asyncio.Queue()
     answered: list[tuple[int, str]] = []
 
-    async def older_site(websocket: WebSocket) -> None:
+    async def older_site(socket: SiteSocket) -> None:
         # The handshake of a site from before parts: it says nothing of them, and reads only what it knows.
-        await websocket.accept()
-        sock = Recorder(ServerSocket(websocket), asyncio.Event())
+        sock = Recorder(socket, asyncio.Event())
         nonce = os.urandom(16).hex()
         await sock.send(
             orjson.dumps({"op": "challenge", "twin": SITE, "nonce": nonce, "max_bytes": MAX_BYTES})
@@ -146,9 +150,7 @@ async def test_an_older_site_is_written_whole_frames() -> None:
 async def test_an_older_opener_is_written_whole_frames() -> None:
     async with sites() as (both, url):
         assert both.site is not None
-        ws = await both.http.websocket(
-            url, heartbeat_s=PING_S, max_message_bytes=MAX_BYTES + 4096, timeout_s=TIMEOUT_S
-        )
+        ws = await both.http.websocket(url, max_message_bytes=MAX_BYTES + 4096, timeout_s=TIMEOUT_S)
         sock = Recorder(ClientSocket(ws), asyncio.Event())
         # The handshake of an opener from before parts.
         challenge = orjson.loads(await sock.receive() or b"{}")

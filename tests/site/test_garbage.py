@@ -75,3 +75,35 @@ def test_the_memory_timer_collects_cycles_left_by_a_burst() -> None:
         [sys.executable, "-c", PERIODIC_CHILD], capture_output=True, text=True, check=True, timeout=60
     )
     assert child.stdout.strip() == "collected"
+
+
+OLDEST_CHILD = """
+import gc, json, weakref
+from msgbusd.site import garbage
+
+garbage.settle_after_start_up()
+gc.disable()
+
+class Node:
+    pass
+
+a, b = Node(), Node()
+a.other, b.other = b, a
+left = weakref.ref(a)
+gc.collect(1)  # alive then: the pair moves on to the oldest generation, as a site's links do
+del a, b
+full_before = gc.get_stats()[2]["collections"]
+garbage.collect_cycles()
+after_periodic = {"alive": left() is not None, "full": gc.get_stats()[2]["collections"] - full_before}
+gc.collect()
+print(json.dumps({"periodic": after_periodic, "after_full": left() is not None}))
+"""
+
+
+def test_the_periodic_collection_leaves_the_oldest_generation_to_python() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", OLDEST_CHILD], capture_output=True, text=True, check=True, timeout=60
+    )
+    figures = json.loads(child.stdout)
+    assert figures["periodic"] == {"alive": True, "full": 0}, figures
+    assert figures["after_full"] is False, figures

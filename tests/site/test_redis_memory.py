@@ -18,8 +18,8 @@ from redis.backoff import NoBackoff
 from msgbusd.reports.metrics import Metrics
 from msgbusd.site.redis_memory import RedisMemory
 from tests.support.metrics import samples
-from tests.support.mqtt import wait_for
 from tests.support.servers import free_port
+from tests.support.waiting import wait_for
 
 # What the daemon calls its Redis in what it says (redacted --redis).
 URL = "redis://127.0.0.1:6379/0"

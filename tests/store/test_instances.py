@@ -290,3 +290,62 @@ async def test_a_sweep_has_held_leases_looked_at_again_only_when_work_may_have_c
     # Another instance live: it may have queued work for 7 unheard.
     await store.heartbeat("b", {}, 60)
     assert await sweep() == ["7"]
+
+
+async def test_uplinks_are_recorded_together_and_a_closed_one_is_forgotten_only_by_its_instance(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    await async_redis.sadd(keys.DESTINATIONS, "8")  # something waits to be sent to twin 8
+    assert await store.uplinks_changed("a", [7, 8, 9], []) == [8]
+    assert await store.uplinks_changed("b", [9], [7]) == []  # 7 is a's: b does not forget it
+    assert await store.uplinks_changed("a", [], [7, 9]) == []  # 9 is b's by now
+    assert await async_redis.hgetall(keys.UPLINKS) == {b"8": b"a", b"9": b"b"}
+    assert (await store.heartbeat("a", {}, 60)).uplinks_version == 3
+
+
+async def test_uplinks_that_open_are_recorded_by_the_loop_and_only_a_twin_with_work_gets_its_lease(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    await store.heartbeat("a", {}, 60)
+    await async_redis.sadd(keys.DESTINATIONS, "8")
+    leases = Leases("a")
+    instance = Instance(store, leases, lease_s=LEASE_S, queues=[], pending=no_destinations)
+    for twin in (7, 8, 9):
+        await instance.uplink_changed(twin, opened=True)
+    await instance.uplink_changed(9, opened=False)
+    assert instance.preferred == {"7": "a", "8": "a"}
+    assert await async_redis.hgetall(keys.UPLINKS) == {}, "recorded together, by the instance's loop"
+    await asyncio.wait_for(leases.work.wait(), 5)
+    await instance.settle_claims()
+    assert await async_redis.hgetall(keys.UPLINKS) == {b"7": b"a", b"8": b"a"}
+    # An idle edge needs no sender: only 8, which has work waiting, is claimed.
+    assert leases.holds("8") and not leases.holds("7")
+
+
+async def test_an_instance_reads_the_others_uplinks_only_when_they_changed(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    reads = 0
+    read_holders = store.uplink_holders
+
+    async def counted() -> dict[str, str]:
+        nonlocal reads
+        reads += 1
+        return await read_holders()
+
+    store.uplink_holders = counted  # type: ignore[method-assign]
+    instance = Instance(store, Leases("b"), lease_s=LEASE_S, queues=[], pending=no_destinations)
+    await instance.beat_and_settle()
+    assert reads == 0, "alone, it knows its own uplinks"
+    await store.heartbeat("a", {}, 60)
+    await store.uplinks_changed("a", [7], [])
+    await instance.beat_and_settle()
+    assert (reads, instance.preferred) == (1, {"7": "a"})
+    await instance.beat_and_settle()
+    assert reads == 1, "nothing changed"
+    await store.uplinks_changed("a", [8], [7])
+    await instance.beat_and_settle()
+    assert (reads, instance.preferred) == (2, {"8": "a"})

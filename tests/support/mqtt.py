@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -80,12 +80,3 @@ class Received:
         async with asyncio.timeout(timeout_s), self._changed:
             await self._changed.wait_for(lambda: len(self.messages) >= count)
         return list(self.messages)
-
-
-async def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll ``condition()`` on the event loop until it holds; ``TimeoutError`` naming ``what``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
