@@ -102,6 +102,7 @@ class SiteSocket(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCP transport is not an asyncio.Transport by class, only by what it does.
         transport = cast(asyncio.Transport, transport)
+        self._release(transport.get_protocol())
         self._transport = transport
         if self._server_state is not None:
             self._server_state.connections.add(self)
@@ -110,6 +111,14 @@ class SiteSocket(asyncio.Protocol):
         self.pacing.waits_each_message = True
         if self._settings.keepalive is not None:
             self._settings.keepalive.apply_to(transport)
+
+    def _release(self, handed_over: asyncio.BaseProtocol) -> None:
+        """Break the cycle of uvicorn's HTTP protocol that hands the connection over: its parser refers back
+        to it, and uvicorn lets go of its parser only when the connection is lost to it, which an upgraded one
+        never is. Left, each would wait for the collector's walk of its oldest generation (which a busy
+        cloud site does seldom: ten thousand of them after a herd of edges)."""
+        if handed_over is not self and getattr(handed_over, "parser", None) is not None:
+            handed_over.parser = None  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         self._ws.receive_data(data)
@@ -122,6 +131,9 @@ class SiteSocket(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        # The transport refers to this protocol: without this, the pair is a cycle once closed.
+        self._transport = None
+        self.pacing = Pacing()
         if not self._reason:
             self._reason = f"failed: {exc}" if exc is not None else "closed by the peer"
         self._end()

@@ -33,6 +33,8 @@ REPLY_QUEUE = "msgbus.system.reply"
 KEPT_DIALS = 200_000
 # Edge-to-cloud round trips kept for the percentiles.
 KEPT_ROUND_TRIPS = 100_000
+# Random draws for an edge whose uplink is open before a request waits a little for one to open.
+PICK_TRIES = 20
 # Every edge's uplink is looked at for its ping this often, by one task for all (an edge's msgbusd looks
 # every second; the pings themselves go every 25 s).
 PING_SWEEP_S = 5.0
@@ -166,15 +168,25 @@ class ManyEdges:
             await asyncio.gather(*(self._request(edge, cmd) for edge in self.edges.values()))
             return
         started, sent = time.monotonic(), 0
+        edges = list(self.edges.values())
         while not stopping.is_set() and (count is None or sent < count):
-            open_edges = [edge for edge in self.edges.values() if edge.links.open_count()]
-            if open_edges:
-                task = asyncio.ensure_future(self._request(random.choice(open_edges), cmd))
+            edge = self._open_edge(edges)
+            if edge is not None:
+                task = asyncio.ensure_future(self._request(edge, cmd))
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
                 sent += 1
             delay = started + sent / rate_per_s - time.monotonic()
-            await asyncio.sleep(max(0.0, delay) if open_edges else 0.05)
+            await asyncio.sleep(max(0.0, delay) if edge is not None else 0.05)
+
+    @staticmethod
+    def _open_edge(edges: list[Edge]) -> Edge | None:
+        """An edge taken at random among those whose uplink is open (a few draws, not a walk of all)."""
+        for _ in range(PICK_TRIES):
+            edge = random.choice(edges)
+            if edge.links.open_count():
+                return edge
+        return None
 
     async def _request(self, edge: Edge, cmd: str) -> None:
         uid = f"{self.cloud}.{next(self._uids)}"

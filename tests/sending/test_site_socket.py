@@ -6,6 +6,7 @@ the server stops."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -155,3 +156,30 @@ async def test_a_server_that_stops_closes_its_links_as_going_away() -> None:
         assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, 1001)
         assert closing.extra == "the site is stopping"
         assert await asyncio.wait_for(ended.get(), TIMEOUT_S) == "the site is stopping"
+
+
+async def test_connections_upgraded_or_turned_away_leave_nothing_for_the_cyclic_collector() -> None:
+    """What a link's connection held is freed as soon as it closes (by reference counts): a cloud site
+    collects its oldest objects seldom, and ten thousand edges come and go."""
+    gc.collect()
+    gc.disable()
+    try:
+        admission = LinkAdmission(1000.0, burst=10, max_wait_s=0.0)
+        async with aiohttp.ClientSession() as session, serving(admission) as (url, sockets):
+            for _ in range(10):
+                ws = await session.ws_connect(url, autoping=False)
+                await ws.close()
+                assert await (await sockets.next()).receive() is None
+            answers = await asyncio.gather(*(upgrade_status(session, url) for _ in range(30)))
+            assert 503 in {status for status, _ in answers}, "some turned away"
+            assert await upgrade_status(session, url.replace(LINK_PATH, "/elsewhere")) == (404, None)
+            for _ in range(sum(1 for status, _ in answers if status == 101)):
+                await sockets.next()
+        left = [
+            type(o).__name__
+            for o in gc.get_objects()
+            if isinstance(o, SiteSocket) or type(o).__name__ == "HttpToolsProtocol"
+        ]
+        assert left == []
+    finally:
+        gc.enable()
