@@ -39,3 +39,24 @@ def samples(site: SiteProcess, name: str) -> dict[tuple[tuple[str, str], ...], f
         for sample in family.samples
         if sample.name == name
     }
+
+
+def histogram(site: SiteProcess, name: str, **labels: str) -> dict[float, float]:
+    """The cumulative buckets of histogram ``name`` (its ``le`` bounds, +Inf included, to the observations
+    at most that large) in ``site``'s ``/metrics``."""
+    buckets: dict[float, float] = {}
+    for key, value in samples(site, f"{name}_bucket").items():
+        found = dict(key)
+        if all(found.get(k) == v for k, v in labels.items()):
+            buckets[float(found["le"])] = value
+    return dict(sorted(buckets.items()))
+
+
+def stalls(before: dict[float, float], after: dict[float, float], over_s: float) -> tuple[int, float]:
+    """Between two readings of a histogram of pauses: how many were longer than ``over_s`` (a bucket
+    bound), and the bound the longest one was under (inf: over the largest)."""
+    grown = {le: after[le] - before.get(le, 0.0) for le in after}
+    total = grown.get(float("inf"), 0.0)
+    longer = int(total - grown.get(over_s, total))
+    worst = next((le for le, count in grown.items() if count >= total), float("inf")) if total else 0.0
+    return longer, worst

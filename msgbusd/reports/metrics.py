@@ -88,6 +88,8 @@ EVENT_LOG_DROPS: tuple[EventLogDrop, ...] = get_args(EventLogDrop)
 SEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A round trip includes the service's work and any re-sends, up to the request's lifetime (3600 s default).
 ROUND_TRIP_BUCKETS = (*SEND_BUCKETS[2:], 60.0, 300.0, 3600.0)
+# How late the event loop ran, and how long the collector stopped it: 0.1 s is a stall a caller notices.
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 REFRESH_TIMEOUT_S = 5.0
 
 # The twin cache's counters, as labels of msgbus_twin_cache_total.
@@ -191,6 +193,26 @@ class Metrics:
             "noeviction), 0 if not or not known; read at start and every 10 s.",
             registry=reg,
         )
+        self.loop_lag_seconds = Histogram(
+            "msgbus_event_loop_lag_seconds",
+            "How much later than asked the daemon's event loop ran a timer (one every 50 ms): what kept it "
+            "busy (a herd of handshakes, the cyclic collector) made everything else that late.",
+            buckets=LAG_BUCKETS,
+            registry=reg,
+        )
+        self.collector_pause_seconds = Histogram(
+            "msgbus_gc_pause_seconds",
+            "Passes of Python's cyclic garbage collector (nothing else runs meanwhile), by generation.",
+            ["generation"],
+            buckets=LAG_BUCKETS,
+            registry=reg,
+        )
+        self.links_turned_away = Counter(
+            "msgbus_links_turned_away",
+            "Links other sites began to open that were told to dial again later (more came than "
+            "--link-handshakes a second); those that waited their turn are not counted.",
+            registry=reg,
+        )
         self.refresh_ok = Gauge(
             "msgbus_refresh_ok",
             "1 if the gauges were refreshed at this scrape, 0 if they are stale.",
@@ -204,6 +226,10 @@ class Metrics:
         self._event_log_dropped = {
             reason: self.event_log_dropped.labels(reason=reason) for reason in EVENT_LOG_DROPS
         }
+        self._collector_pauses = {
+            generation: self.collector_pause_seconds.labels(generation=str(generation))
+            for generation in range(3)
+        }
         self._exposed: Collector = self.registry
 
     def message(self, event: MessageEvent, count: int = 1) -> None:
@@ -213,6 +239,17 @@ class Metrics:
             self.recent.sent.add(count)
         elif event == "received":
             self.recent.received.add(count)
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        self.loop_lag_seconds.observe(seconds)
+
+    def observe_collector_pause(self, generation: int, seconds: float) -> None:
+        pauses = self._collector_pauses.get(generation)
+        if pauses is not None:
+            pauses.observe(seconds)
+
+    def link_turned_away(self) -> None:
+        self.links_turned_away.inc()
 
     def error(self, cause: ErrorCause) -> None:
         """Count one failure of kind ``cause``."""

@@ -79,6 +79,7 @@ from msgbusd.sending.link_keepalive import opener_keepalive
 from msgbusd.sending.link_parts import PartError, Reassembly, is_part
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, Socket
 from msgbusd.sending.link_writer import FairWriter
+from msgbusd.sending.loop_turns import LoopTurns
 from msgbusd.sending.peer_clocks import PeerClocks, read_stamp, stamp
 from msgbusd.sending.site_socket import LINK_PATH
 from msgbusd.sending.way_back import WayBack, reached_only_over_its_links
@@ -110,6 +111,9 @@ IDLE_CHECK_S = 10.0
 # An uplink that broke, or could not be opened, is dialed again after these delays, each anywhere from zero
 # up to the backoff: the edges of a cloud site that restarts come back spread over seconds, not as a herd.
 UPLINK_REDIAL = Backoff(base_s=0.25, max_s=5.0, full_jitter=True)
+# Handshakes that check their hello and sign their welcome in one turn of the event loop, at most (each
+# takes about a quarter of a millisecond).
+CHECKS_PER_TURN = 8
 # The key of this site's link to its relay among the uplinks' times (twin ids are positive).
 RELAY_LINK = 0
 # A sender waiting for a twin's uplink looks again this often (it is woken at once when the uplink opens).
@@ -524,6 +528,9 @@ class Links:
         self._asking: set[str] = set()
         self._breaks: dict[int, deque[float]] = {}
         self._readers: set[asyncio.Task[None]] = set()
+        # The handshakes of links opened to this site check and sign a few at a time in each turn of the
+        # event loop: a herd's hellos come by the hundred.
+        self._checking = LoopTurns(CHECKS_PER_TURN)
         self._closing = False
         # Links adopted whose reader has not ended yet that this site may close to make room (uplinks it
         # may not: an edge is reached over its uplink only), and those it opened itself (it pings them).
@@ -1183,6 +1190,7 @@ class Links:
             twin = await self._resolver.get_twin(peer)
         except ResolverError as exc:
             raise _Refused(f"couldn't get twin {peer} public key: {exc}") from exc
+        await self._checking.take()
         try:
             digest = handshake_digest(peer, self._twin, nonce)
             verify_digest(str(hello.get("sig", "")), digest, twin.public_key)

@@ -33,6 +33,7 @@ from msgbusd.errors import StartupError
 from msgbusd.identity.sealing import Sealer, SealError, public_key_of
 from msgbusd.identity.signing import Signer
 from msgbusd.reports.event_log import EventLog
+from msgbusd.reports.loop_lag import collector_pauses, watch_loop_lag
 from msgbusd.reports.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.reports.site_warnings import SiteWarnings
 from msgbusd.sending.http_client import HttpClients
@@ -235,7 +236,9 @@ class Daemon:
             site.links.serve if site.links is not None else None,
             # A link carries a whole batch in one message.
             max_message_bytes=site.door.max_message_bytes + 4096,
-            admission=LinkAdmission(settings.link_handshakes_per_s),
+            admission=LinkAdmission(
+                settings.link_handshakes_per_s, on_turned_away=site.metrics.link_turned_away
+            ),
         )
         self._server = server(
             create_app(site.door, self._report_routes(loopback_only)),
@@ -247,56 +250,63 @@ class Daemon:
         await site.instance.join()
         settle_after_start_up()
         leases, stopping = site.leases, self._stopping
-        async with asyncio.TaskGroup() as group:
-            group.create_task(
-                leases.run_while_held(
-                    keys.LOCAL_LEASE,
-                    self._while_held(
-                        keys.LOCAL, functools.partial(self._consume, keys.LOCAL, handlers.local)
-                    ),
-                    stopping,
-                ),
-                name="consume local",
-            )
-            group.create_task(self._consume(keys.REMOTE, handlers.remote, stopping), name="consume remote")
-            group.create_task(
-                leases.run_while_held(
-                    keys.REPLY_LEASE,
-                    self._while_held(
-                        keys.REPLY, functools.partial(self._consume, keys.REPLY, handlers.reply)
-                    ),
-                    stopping,
-                    meanwhile=functools.partial(self._consume, keys.REPLY, handlers.reply, helping=True),
-                ),
-                name="consume reply",
-            )
-            group.create_task(
-                leases.run_while_held(keys.TIMERS_LEASE, self._while_held("timers", self._timers), stopping),
-                name="timers",
-            )
-            group.create_task(site.instance.run(stopping), name="heartbeat")
-            group.create_task(site.instance.listen(stopping), name="wake channel")
-            group.create_task(site.events.run(self._stopping), name="event log")
-            group.create_task(release_free_memory_until(stopping), name="free memory")
-            group.create_task(redis_memory.watch(stopping), name="redis memory")
-            if site.links is not None:
-                group.create_task(site.links.close_idle_until(stopping), name="idle links")
-                group.create_task(site.links.ping_until(stopping), name="link pings")
-                group.create_task(self._reopen_ways_back(site.links), name="ways back")
-                if site.links.keeps_links:
-                    group.create_task(site.links.keep_uplinks(stopping), name="uplinks")
-            group.create_task(self._server.serve(sockets=[self._sock]), name="http")
-            if self._metrics_sock is not None:
-                reports = Starlette(routes=self._report_routes(lambda app: app))
+        with collector_pauses(site.metrics):
+            async with asyncio.TaskGroup() as group:
                 group.create_task(
-                    serve_until(reports, self._metrics_sock, stopping, settings.drain_grace_s), name="reports"
+                    leases.run_while_held(
+                        keys.LOCAL_LEASE,
+                        self._while_held(
+                            keys.LOCAL, functools.partial(self._consume, keys.LOCAL, handlers.local)
+                        ),
+                        stopping,
+                    ),
+                    name="consume local",
                 )
-            group.create_task(self._announce_ready(), name="ready")
-            for companion in self.companions:
                 group.create_task(
-                    companion(self._stopping), name=getattr(companion, "__qualname__", "companion")
+                    self._consume(keys.REMOTE, handlers.remote, stopping), name="consume remote"
                 )
-            await self._stopping.wait()
+                group.create_task(
+                    leases.run_while_held(
+                        keys.REPLY_LEASE,
+                        self._while_held(
+                            keys.REPLY, functools.partial(self._consume, keys.REPLY, handlers.reply)
+                        ),
+                        stopping,
+                        meanwhile=functools.partial(self._consume, keys.REPLY, handlers.reply, helping=True),
+                    ),
+                    name="consume reply",
+                )
+                group.create_task(
+                    leases.run_while_held(
+                        keys.TIMERS_LEASE, self._while_held("timers", self._timers), stopping
+                    ),
+                    name="timers",
+                )
+                group.create_task(site.instance.run(stopping), name="heartbeat")
+                group.create_task(site.instance.listen(stopping), name="wake channel")
+                group.create_task(site.events.run(self._stopping), name="event log")
+                group.create_task(release_free_memory_until(stopping), name="free memory")
+                group.create_task(watch_loop_lag(site.metrics, stopping), name="loop lag")
+                group.create_task(redis_memory.watch(stopping), name="redis memory")
+                if site.links is not None:
+                    group.create_task(site.links.close_idle_until(stopping), name="idle links")
+                    group.create_task(site.links.ping_until(stopping), name="link pings")
+                    group.create_task(self._reopen_ways_back(site.links), name="ways back")
+                    if site.links.keeps_links:
+                        group.create_task(site.links.keep_uplinks(stopping), name="uplinks")
+                group.create_task(self._server.serve(sockets=[self._sock]), name="http")
+                if self._metrics_sock is not None:
+                    reports = Starlette(routes=self._report_routes(lambda app: app))
+                    group.create_task(
+                        serve_until(reports, self._metrics_sock, stopping, settings.drain_grace_s),
+                        name="reports",
+                    )
+                group.create_task(self._announce_ready(), name="ready")
+                for companion in self.companions:
+                    group.create_task(
+                        companion(self._stopping), name=getattr(companion, "__qualname__", "companion")
+                    )
+                await self._stopping.wait()
         await self._drain()
 
     async def _reopen_ways_back(self, links: Links) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from msgbusd.reports.logs import NOISY_LOGGERS, configure_logging
+from msgbusd.reports.logs import NOISY_LOGGERS, configure_logging, flush_logs
 
 
 class FakeTerminal(io.StringIO):
@@ -24,15 +26,17 @@ def restore_logging() -> Iterator[None]:
     handlers, level = list(root.handlers), root.level
     noisy = {name: logging.getLogger(name).level for name in NOISY_LOGGERS}
     yield
-    for handler in root.handlers:
+    for handler in list(root.handlers):
         if handler not in handlers:
             root.removeHandler(handler)
+            handler.close()
     root.setLevel(level)
     for name, noisy_level in noisy.items():
         logging.getLogger(name).setLevel(noisy_level)
 
 
 def lines(stream: io.StringIO) -> list[str]:
+    flush_logs()
     return stream.getvalue().splitlines()
 
 
@@ -148,7 +152,7 @@ def test_noisy_libraries_are_quieted(level: int, expected: int) -> None:
         assert logging.getLogger(name).level == expected
     logging.getLogger("httpx").info("HTTP Request: POST http://peer/zbus-remote")
     logging.getLogger("asyncio").info("Using selector: EpollSelector")
-    assert stream.getvalue() == ""
+    assert lines(stream) == []
 
 
 def test_idempotent() -> None:
@@ -177,3 +181,38 @@ def test_other_handlers_are_kept() -> None:
     configure_logging(logging.INFO, stream=io.StringIO())
     configure_logging(logging.INFO, stream=io.StringIO())
     assert theirs in root.handlers
+
+
+class HeldStream(io.StringIO):
+    """A stream whose writes wait until it is let go, as journald's socket does while journald catches up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.let_go = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.writing.set()
+        self.let_go.wait(10)
+        return super().write(text)
+
+
+def test_a_slow_stream_does_not_hold_up_the_caller_and_lines_beyond_the_queue_are_counted() -> None:
+    stream = HeldStream()
+    configure_logging(logging.INFO, stream=stream, queued_records=5)
+    log = logging.getLogger("msgbusd.test")
+    log.info("line 0")
+    assert stream.writing.wait(10), "the writer took the first line"
+    started = time.monotonic()
+    for n in range(1, 20):
+        log.info("line %d", n)
+    took_s = time.monotonic() - started
+    stream.let_go.set()
+    written = [record["msg"] for record in records(stream)]
+    # The first line waits in the writer, five in the queue; the others are dropped, and said so once the
+    # writer caught up.
+    assert written == [
+        *(f"line {n}" for n in range(6)),
+        "14 log line(s) dropped: the log stream did not take them fast enough",
+    ]
+    assert took_s < 5, "the calls did not wait for the stream"
