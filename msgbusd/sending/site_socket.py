@@ -125,15 +125,19 @@ class SiteSocket(asyncio.Protocol):
         self._take_events()
 
     def eof_received(self) -> bool | None:
-        self._ws.receive_eof()
-        self._take_events()
+        # The transport closes, and connection_lost says why. Not told to the protocol: its parser would end
+        # with an exception whose traceback refers back to it, a cycle that waits for the collector's walk
+        # of its oldest generation (every upgrade turned away made one).
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        # The transport refers to this protocol: without this, the pair is a cycle once closed.
+        # What refers back to what refers to it is let go of, so that the connection's objects are freed as
+        # soon as it closes rather than at the collector's walk of its oldest generation: the transport
+        # refers to this protocol, and the WebSocket protocol to its parser, a generator that refers to it.
         self._transport = None
         self.pacing = Pacing()
+        self._ws.parser.close()
         if not self._reason:
             self._reason = f"failed: {exc}" if exc is not None else "closed by the peer"
         self._end()

@@ -4,23 +4,30 @@ Python looks at its youngest generation every 700 more container objects made th
 every tenth time, and at the oldest (where the ~90,000 objects start-up made live) every tenth of those once
 it has grown by a quarter. With thousands of messages in flight, each holding a few dozen objects for a few
 milliseconds, that was 1,500 looks for 10,000 new twins and 3.5 s of the daemon's 16 s of CPU. What the
-daemon makes is freed when its last reference goes (it makes no cycles per message), so the collector is
-asked less often and start-up's objects are set aside for good.
+daemon makes is freed when its last reference goes (it makes no cycles per message, and a link's
+connection lets go of what refers back to it when it closes), so the collector is asked less often
+(:data:`YOUNG_THRESHOLD`).
 
-The oldest generation is where what lives long ends up: a site's links, thousands of them on a cloud site
-with many edges, each a few dozen objects. Looking through it takes the daemon's whole core for a while
-(0.2 s at 2,000 edges, about a second at 10,000), during which nothing else runs, so the daemon never asks
-for it: Python does, when that generation has grown by a quarter since it last looked. What the daemon asks
-for every little while (:mod:`msgbusd.site.memory`) is the two younger generations, whose cost follows the
-work of the last moments, not how many links the site holds.
+What lives long is set aside for good (:func:`gc.freeze`: the collector never walks it again): start-up's
+objects at once, and every little while (:func:`collect_cycles`, from :mod:`msgbusd.site.memory`) what
+lived through a look at the younger generations. A cloud site's links to its edges live for days, a few
+dozen objects each: walking 10,000 of them took the daemon's whole core for half a second (nothing else
+runs meanwhile), which Python did every few minutes under traffic. Set aside, the oldest generation holds
+only what came to it since, and Python's own looks at it take milliseconds. What is set aside and later
+becomes a cycle with nothing else referring to it is never collected: the daemon's own objects do not
+(``tests/sending/test_site_socket.py`` checks a link's connection's), and ``msgbus_gc_pause_seconds`` and
+the daemon's resident memory show it if a library's do.
 """
 
 from __future__ import annotations
 
 import gc
 
-# New containers (net) between two looks at the youngest generation: a few MB of objects at most.
-YOUNG_THRESHOLD = 20_000
+# New containers (net) between two looks at the youngest generation. A look costs about a microsecond an
+# object on a cloud site's large heap (each reference it follows is a cache miss): 20,000 made looks of 30-50
+# ms at 10,000 edges under traffic, this 10-15 ms (and the middle generation's every tenth look 50 ms, not
+# 120).
+YOUNG_THRESHOLD = 5_000
 # The generations the daemon collects itself: the youngest and the middle one.
 YOUNGER_GENERATIONS = 1
 
@@ -35,7 +42,7 @@ def settle_after_start_up() -> None:
 
 
 def collect_cycles() -> None:
-    """Collect the cycles among the objects made since the last looks now (the two younger generations),
-    so that those a burst left do not wait for the next burst; the oldest generation is left to Python's
-    own schedule."""
+    """Collect the cycles among the objects made since the last looks (the two younger generations), so that
+    those a burst left do not wait for the next burst, and set aside for good what lives on."""
     gc.collect(YOUNGER_GENERATIONS)
+    gc.freeze()

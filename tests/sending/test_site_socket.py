@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 from websockets.asyncio.client import connect
+from websockets.server import ServerProtocol
 
 from msgbusd.sending.link_admission import RETRY_AFTER, LinkAdmission
 from msgbusd.sending.link_keepalive import SITE_KEEPALIVE
@@ -178,7 +179,7 @@ async def test_connections_upgraded_or_turned_away_leave_nothing_for_the_cyclic_
         left = [
             type(o).__name__
             for o in gc.get_objects()
-            if isinstance(o, SiteSocket) or type(o).__name__ == "HttpToolsProtocol"
+            if isinstance(o, SiteSocket | ServerProtocol) or type(o).__name__ == "HttpToolsProtocol"
         ]
         assert left == []
     finally:
