@@ -7,15 +7,20 @@ daemon's CPU per request, its resident memory before, after and (``--idle S``) a
 the growth of the site's Redis memory.
 
     python -m bench.scale [--destinations 1,100,1000,10000] [--down N] [--no-links] [--idle S]
-                          [--peer-bin GO_RMB] [--floor]
+                          [--peer-bin GO_RMB] [--floor] [--at-once]
 
 ``--down N``: N of the destinations are down (their address refuses connections); each of their requests
 is answered with its error once its tries are spent (one try: ``retries`` 0), counted in ``errors``.
 
 ``--peer-bin`` runs the same requests through a go-rmb daemon as the site (a measuring instrument, not part
-of msgbus), right after msgbus for each N, against the same twins (it reaches each at its address alone);
-not with ``--down``, as go-rmb answers almost none of the requests to twins that are down (its retries are
-keyed by the client's uid, which RMB clients leave empty).
+of msgbus), right after msgbus for each N, against the same twins (it reaches each at its address alone).
+With ``--down`` its run is judged by ``--at-once``'s figures only, as go-rmb answers almost none of the
+requests to twins that are down (its retries are keyed by the client's uid, which RMB clients leave empty).
+
+``--at-once``: the requests are pushed in one command (as a cloud asking every node one thing at once does),
+not one by one, and the figures are taken once every reachable twin has answered (``reachable_seconds``,
+``reachable_cpu_ms_per_rpc``); the down twins' errors are then waited for (``down_answered``, by when:
+``down_answered_seconds``) for at most ``--down-wait`` seconds after the push.
 
 ``--floor`` runs them through :mod:`bench.floor_site` too: the least a site must do for them with the same
 libraries (sign, POST on a connection of its own, check the reply's signature, push it), nothing kept.
@@ -25,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +47,15 @@ import redis
 from bench.floor_site import READY_LINE as FLOOR_READY_LINE
 from bench.go_rmb import go_rmb_sites
 from bench.rpc import cpu_seconds, rss_mib
+from client.protocol import build_request
 from client.sync import Client
 from msgbusd.identity.signing import Signer
 from testing.local_sites import LocalCluster, RedisProcess, free_port, stop_process
 from testing.many_twins import ManyTwinsProcess
 from twin_resolver.base import Twin
 from twin_resolver.static import write_twin_file
+from wire import keys
+from wire.envelope import Envelope
 
 MIN_REQUESTS = 1_000
 CMD = "scale.echo"
@@ -59,8 +69,17 @@ def redis_used_mib(url: str) -> float:
         return int(conn.info("memory")["used_memory"]) / 2**20
 
 
-def run(destinations: int, *, links: bool, idle_s: float, down: int = 0) -> dict[str, Any]:
-    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, down=down, links=links)
+@dataclasses.dataclass(frozen=True)
+class Options:
+    links: bool = True
+    idle_s: float = 0.0
+    down: int = 0
+    at_once: bool = False
+    down_wait_s: float = 60.0
+
+
+def run(destinations: int, options: Options) -> dict[str, Any]:
+    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, down=options.down, links=options.links)
     cluster = LocalCluster(size=1, extra_twins=harness.twins()).start()
     try:
         harness.start(cluster.twins_file)
@@ -68,19 +87,24 @@ def run(destinations: int, *, links: bool, idle_s: float, down: int = 0) -> dict
         assert process is not None
         return {
             "system": "msgbus",
-            "links": links,
-            "down": down,
-            **measure(destinations, process.pid, cluster.redis[0].url, idle_s),
+            "links": options.links,
+            "down": options.down,
+            **measure(destinations, process.pid, cluster.redis[0].url, options),
         }
     finally:
         harness.stop()
         cluster.cleanup()
 
 
-def run_go_rmb(binary: str, destinations: int, *, idle_s: float) -> dict[str, Any]:
-    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, links=False)
+def run_go_rmb(binary: str, destinations: int, options: Options) -> dict[str, Any]:
+    harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, down=options.down, links=False)
     with go_rmb_site(binary, harness) as (pid, redis_url):
-        return {"system": "go-rmb", "links": False, **measure(destinations, pid, redis_url, idle_s)}
+        return {
+            "system": "go-rmb",
+            "links": False,
+            "down": options.down,
+            **measure(destinations, pid, redis_url, options),
+        }
 
 
 @contextlib.contextmanager
@@ -98,10 +122,10 @@ def go_rmb_site(binary: str, harness: ManyTwinsProcess) -> Iterator[tuple[int, s
             harness.stop()
 
 
-def run_floor(destinations: int, *, idle_s: float) -> dict[str, Any]:
+def run_floor(destinations: int, options: Options) -> dict[str, Any]:
     harness = ManyTwinsProcess(first=FIRST_TWIN, count=destinations, links=False)
     with floor_site(harness) as (pid, redis_url):
-        return {"system": "floor", "links": False, **measure(destinations, pid, redis_url, idle_s)}
+        return {"system": "floor", "links": False, **measure(destinations, pid, redis_url, options)}
 
 
 @contextlib.contextmanager
@@ -134,9 +158,11 @@ def floor_site(harness: ManyTwinsProcess, twin: int = 1) -> Iterator[tuple[int, 
             redis_server.cleanup()
 
 
-def measure(destinations: int, pid: int, redis_url: str, idle_s: float) -> dict[str, Any]:
+def measure(destinations: int, pid: int, redis_url: str, options: Options) -> dict[str, Any]:
     """Push one request per twin (at least 1,000 in all) to the site whose daemon is ``pid`` and wait for
     every answer."""
+    if options.at_once:
+        return measure_at_once(destinations, pid, redis_url, options)
     requests = max(destinations, MIN_REQUESTS)
     targets = [FIRST_TWIN + n % destinations for n in range(requests)]
     rss_before, redis_before = rss_mib(pid), redis_used_mib(redis_url)
@@ -157,10 +183,56 @@ def measure(destinations: int, pid: int, redis_url: str, idle_s: float) -> dict[
         "rss_after_mib": round(rss_mib(pid), 1),
         "redis_growth_mib": round(redis_used_mib(redis_url) - redis_before, 1),
     }
-    if idle_s:
-        time.sleep(idle_s)
+    if options.idle_s:
+        time.sleep(options.idle_s)
         result["rss_idle_mib"] = round(rss_mib(pid), 1)
     return result
+
+
+def measure_at_once(destinations: int, pid: int, redis_url: str, options: Options) -> dict[str, Any]:
+    """One request per twin, all pushed in one command with one return queue; figures once every reachable
+    twin has answered, then how many of the down ones were answered (with their error) within
+    ``options.down_wait_s`` of the push."""
+    first_down = FIRST_TWIN + destinations - options.down
+    ret = f"bench.scale.{uuid.uuid4()}"
+    requests = [
+        dataclasses.replace(build_request(FIRST_TWIN + n, CMD, PAYLOAD, exp=600, retries=0), ret=ret)
+        for n in range(destinations)
+    ]
+    reachable_left, down_left = destinations - options.down, options.down
+    errors, reachable_s, reachable_cpu, down_answered_s = 0, 0.0, 0.0, 0.0
+    rss_before = rss_mib(pid)
+    with redis.Redis.from_url(redis_url, socket_timeout=None) as conn:
+        cpu_before, started = cpu_seconds(pid), time.monotonic()
+        conn.rpush(keys.LOCAL, *(request.encode() for request in requests))
+        deadline = started + 600
+        while reachable_left or (down_left and time.monotonic() < deadline):
+            popped = conn.blpop([ret], timeout=1)
+            if popped is None:
+                continue
+            for raw in [popped[1], *(conn.lpop(ret, 1000) or [])]:
+                reply = Envelope.decode(raw)
+                if reply.src >= first_down or (reply.err and reply.src == 0):
+                    down_left -= 1
+                    down_answered_s = time.monotonic() - started
+                else:
+                    reachable_left -= 1
+                    errors += bool(reply.err)
+            if not reachable_left and not reachable_s:
+                reachable_s, reachable_cpu = time.monotonic() - started, cpu_seconds(pid) - cpu_before
+                deadline = started + options.down_wait_s
+    return {
+        "destinations": destinations,
+        "at_once": True,
+        "reachable_seconds": round(reachable_s, 2),
+        "reachable_cpu_seconds": round(reachable_cpu, 2),
+        "reachable_cpu_ms_per_rpc": round(reachable_cpu * 1000 / max(1, destinations - options.down), 3),
+        "reachable_errors": errors,
+        "down_answered": options.down - down_left,
+        "down_answered_seconds": round(down_answered_s, 2),
+        "rss_before_mib": round(rss_before, 1),
+        "rss_after_mib": round(rss_mib(pid), 1),
+    }
 
 
 def main() -> None:
@@ -171,14 +243,24 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=0.0, metavar="S", help="RSS again after S s idle")
     parser.add_argument("--peer-bin", metavar="GO_RMB", help="also run go-rmb as the site, side by side")
     parser.add_argument("--floor", action="store_true", help="also run bench.floor_site, side by side")
+    parser.add_argument("--at-once", action="store_true", help="push every request in one command")
+    parser.add_argument(
+        "--down-wait", type=float, default=60.0, metavar="S", help="wait for down twins' errors"
+    )
     args = parser.parse_args()
     for destinations in (int(n) for n in args.destinations.split(",")):
-        down = min(args.down, destinations)
-        print(json.dumps(run(destinations, links=args.links, idle_s=args.idle, down=down)), flush=True)
-        if args.peer_bin and not down:
-            print(json.dumps(run_go_rmb(args.peer_bin, destinations, idle_s=args.idle)), flush=True)
-        if args.floor and not down:
-            print(json.dumps(run_floor(destinations, idle_s=args.idle)), flush=True)
+        options = Options(
+            links=args.links,
+            idle_s=args.idle,
+            down=min(args.down, destinations),
+            at_once=args.at_once,
+            down_wait_s=args.down_wait,
+        )
+        print(json.dumps(run(destinations, options)), flush=True)
+        if args.peer_bin and (args.at_once or not options.down):
+            print(json.dumps(run_go_rmb(args.peer_bin, destinations, options)), flush=True)
+        if args.floor and not options.down:
+            print(json.dumps(run_floor(destinations, options)), flush=True)
 
 
 if __name__ == "__main__":

@@ -43,12 +43,13 @@ def samples(site: SiteProcess, name: str) -> dict[tuple[tuple[str, str], ...], f
 
 def histogram(site: SiteProcess, name: str, **labels: str) -> dict[float, float]:
     """The cumulative buckets of histogram ``name`` (its ``le`` bounds, +Inf included, to the observations
-    at most that large) in ``site``'s ``/metrics``."""
+    at most that large) in ``site``'s ``/metrics``, summed over the series whose labels match ``labels``."""
     buckets: dict[float, float] = {}
     for key, value in samples(site, f"{name}_bucket").items():
         found = dict(key)
         if all(found.get(k) == v for k, v in labels.items()):
-            buckets[float(found["le"])] = value
+            le = float(found["le"])
+            buckets[le] = buckets.get(le, 0.0) + value
     return dict(sorted(buckets.items()))
 
 

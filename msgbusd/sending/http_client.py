@@ -35,16 +35,10 @@ class HttpClients:
         ``aiohttp.WSServerHandshakeError`` when the server answers with plain HTTP, ``aiohttp.ClientError``
         or ``TimeoutError`` when it cannot be reached."""
         session = self._open()
-        return await asyncio.wait_for(
-            session.ws_connect(
-                url,
-                autoping=False,
-                max_msg_size=max_message_bytes,
-                autoclose=True,
-                compress=0,
-            ),
-            timeout_s,
-        )
+        async with asyncio.timeout(timeout_s):
+            return await session.ws_connect(
+                url, autoping=False, max_msg_size=max_message_bytes, autoclose=True, compress=0
+            )
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:

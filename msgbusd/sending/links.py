@@ -479,8 +479,12 @@ class Links:
         way_back: WayBack | None = None,
         clock: Callable[[], float] = time.monotonic,
         clocks: PeerClocks | None = None,
+        on_new_link: Callable[[], None] | None = None,
     ) -> None:
         self._twin = twin
+        # Called for each link that opens (the daemon sets a herd of them aside from the cyclic collector as
+        # it comes).
+        self._on_new_link = on_new_link or _nothing
         # The peers' clocks, measured at each handshake (which is stamped with this site's).
         self.clocks = clocks or PeerClocks()
         # Whether other sites can answer this one only over links it opens (no address, no relay).
@@ -678,9 +682,10 @@ class Links:
         """``/zbus-link``: a peer opened a link to this site (its upgrade was taken; the handshake is
         next)."""
         try:
-            peer, peer_max_bytes, uplink, reads_parts = await asyncio.wait_for(
-                self._greet(socket), self.timeout_s
-            )
+            # A timeout of the task itself rather than wait_for's, whose failure is a cycle (its inner task
+            # holds the error, whose traceback holds the task) that waits for the cyclic collector.
+            async with asyncio.timeout(self.timeout_s):
+                peer, peer_max_bytes, uplink, reads_parts = await self._greet(socket)
         except (TimeoutError, _Refused, LinkClosed) as exc:
             reason = str(exc) if isinstance(exc, _Refused) else "no handshake in time"
             if not isinstance(exc, LinkClosed):
@@ -978,6 +983,7 @@ class Links:
         return ours[-1] if ours else None
 
     async def _adopt(self, link: Link) -> None:
+        self._on_new_link()
         if not link.uplink:
             if len(self._closable) >= self.max_links:
                 await self._make_room()
@@ -1096,9 +1102,10 @@ class Links:
         socket = ClientSocket(ws)
         opener_keepalive(self._ping_s).apply_to(socket.pacing.transport)
         try:
-            peer, peer_max_bytes, reads_parts = await asyncio.wait_for(
-                self._introduce(socket, twin_id, public_key, uplink=uplink), self.timeout_s
-            )
+            async with asyncio.timeout(self.timeout_s):
+                peer, peer_max_bytes, reads_parts = await self._introduce(
+                    socket, twin_id, public_key, uplink=uplink
+                )
         except TimeoutError as exc:
             await socket.close(1000, "no handshake in time")
             raise DeliveryError(f"{what} at {url} did not answer in time", offline=True) from exc
@@ -1279,6 +1286,10 @@ def _frame(data: bytes | None, op: str, socket: Socket) -> dict[str, Any]:
     if not isinstance(frame, dict) or frame.get("op") != op:
         raise LinkClosed(f"expected {op}", refused=True)
     return frame
+
+
+def _nothing() -> None:
+    pass
 
 
 def _ignore_uplink(twin_id: int) -> None:

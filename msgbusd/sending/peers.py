@@ -200,6 +200,9 @@ class Peer:
         self.has_place = False
         # Set when the twin's uplink to this site opens: a sender waiting for it stops waiting.
         self.uplink_opened = asyncio.Event()
+        # Set when the lease of sending to the twin goes to another instance of the site: a sender pausing
+        # stops pausing (and then stops).
+        self.lease_going = asyncio.Event()
         # Waiting for the twin to open its uplink (said once in the log).
         self.waits_for_uplink = False
         # Large messages sent beside the others.
@@ -221,6 +224,7 @@ class Peer:
         """Send until the queue is empty (and stays so a while), the lease of this destination goes to
         another instance of the site, or the daemon stops."""
         leases = self._peers.leases
+        self.lease_going.clear()
         with leases.using(str(self.twin)) if leases is not None else contextlib.nullcontext():
             await self._run(lane)
 
@@ -853,11 +857,15 @@ class Peer:
             )
 
     async def _pause(self, delay_s: float) -> bool:
-        """Wait ``delay_s``, or until the daemon stops or the twin's uplink opens; True in the last case."""
-        if not self.uplink_opened.is_set():
+        """Wait ``delay_s``, or until the daemon stops, the lease goes or the twin's uplink opens; True in
+        the last case."""
+        if not self.uplink_opened.is_set() and not self.lease_going.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(delay_s, 0.01)):
-                    await first_set(self._peers.stopping, self.uplink_opened)
+                    await first_set(self._peers.stopping, self.uplink_opened, self.lease_going)
+        if self.lease_going.is_set():
+            self.lease_going.clear()
+            return False
         if not self.uplink_opened.is_set():
             return False
         self.uplink_opened.clear()
@@ -1081,10 +1089,11 @@ class Peers:
             peer.lane.wake.set()
 
     def wake(self, dst: int) -> None:
-        """Have ``dst``'s sender look again at once (its lease is going)."""
+        """Have ``dst``'s sender look again at once (its lease is going), also while it pauses."""
         peer = self._peers.get(dst)
         if peer is not None and peer.lane is not None:
             peer.lane.wake.set()
+            peer.lease_going.set()
 
     def stopped(self, peer: Peer, lane: Lane) -> None:
         """``peer``'s sender ended; a peer that is up is forgotten until it has something to send."""

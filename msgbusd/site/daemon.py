@@ -47,7 +47,7 @@ from msgbusd.sending.send_items import SendItems
 from msgbusd.sending.site_socket import SiteSocketSettings, site_sockets
 from msgbusd.sending.way_back import WayBack
 from msgbusd.site.companions import Companion, SiteHandle
-from msgbusd.site.garbage import settle_after_start_up
+from msgbusd.site.garbage import LongLived, settle_after_start_up
 from msgbusd.site.inflight import InFlight
 from msgbusd.site.instance import Instance
 from msgbusd.site.memory import release_free_memory_until
@@ -509,6 +509,7 @@ async def open_site(
             way_back=way_back,
             max_frame_bytes=max_body_bytes,
             clocks=clocks,
+            on_new_link=LongLived().made,
         )
     peers = Peers(
         store,

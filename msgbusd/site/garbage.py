@@ -13,7 +13,10 @@ objects at once, and every little while (:func:`collect_cycles`, from :mod:`msgb
 lived through a look at the younger generations. A cloud site's links to its edges live for days, a few
 dozen objects each: walking 10,000 of them took the daemon's whole core for half a second (nothing else
 runs meanwhile), which Python did every few minutes under traffic. Set aside, the oldest generation holds
-only what came to it since, and Python's own looks at it take milliseconds. What is set aside and later
+only what came to it since, and Python's own looks at it take milliseconds. A herd of edges makes thousands
+of links within seconds: they are set aside as they come, after every :data:`SET_ASIDE_AFTER` of them
+(:class:`LongLived`), so that a look at the oldest generation meanwhile walks at most that many, not all
+(half a second for 10,000). What is set aside and later
 becomes a cycle with nothing else referring to it is never collected: the daemon's own objects do not
 (``tests/sending/test_site_socket.py`` checks a link's connection's), and ``msgbus_gc_pause_seconds`` and
 the daemon's resident memory show it if a library's do.
@@ -21,6 +24,7 @@ the daemon's resident memory show it if a library's do.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 # New containers (net) between two looks at the youngest generation. A look costs about a microsecond an
@@ -30,6 +34,10 @@ import gc
 YOUNG_THRESHOLD = 5_000
 # The generations the daemon collects itself: the youngest and the middle one.
 YOUNGER_GENERATIONS = 1
+# Long-lived things (links) made between two settings aside: a look at the oldest generation walks at most
+# that many (about 50 objects each: tens of milliseconds), and the look at the younger ones each setting
+# aside takes is one of Python's own every few hundred links of a herd.
+SET_ASIDE_AFTER = 1_000
 
 
 def settle_after_start_up() -> None:
@@ -46,3 +54,19 @@ def collect_cycles() -> None:
     those a burst left do not wait for the next burst, and set aside for good what lives on."""
     gc.collect(YOUNGER_GENERATIONS)
     gc.freeze()
+
+
+class LongLived:
+    """Counts things made to live long (a link); after every ``after`` of them, collects the younger
+    generations and sets what lives on aside (:func:`collect_cycles`), soon after the current step of the
+    event loop."""
+
+    def __init__(self, after: int = SET_ASIDE_AFTER) -> None:
+        self._after = after
+        self._made = 0
+
+    def made(self) -> None:
+        self._made += 1
+        if self._made >= self._after:
+            self._made = 0
+            asyncio.get_running_loop().call_soon(collect_cycles)

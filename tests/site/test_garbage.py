@@ -114,3 +114,36 @@ def test_the_periodic_collection_frees_young_cycles_and_sets_aside_what_lives_on
     assert figures["full"] == 0, "the oldest generation is not walked"
     assert figures["alive_set_aside"] is True, figures
     assert figures["tracked_after"] < figures["tracked_before"] / 2, figures
+
+
+HERD_CHILD = """
+import asyncio, gc, json
+from msgbusd.site import garbage
+
+garbage.settle_after_start_up()
+gc.disable()  # only the setting aside may move what was made
+
+class Link:
+    pass
+
+async def main():
+    long_lived = garbage.LongLived(after=3)
+    links = []
+    counts = []
+    for _ in range(7):
+        links.append(Link())
+        long_lived.made()
+        await asyncio.sleep(0)  # the step after the one that made it
+        counts.append(sum(1 for o in gc.get_objects() if type(o) is Link))
+    print(json.dumps(counts))
+
+asyncio.run(main())
+"""
+
+
+def test_links_made_in_a_herd_are_set_aside_after_every_few() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", HERD_CHILD], capture_output=True, text=True, check=True, timeout=60
+    )
+    # Still walked by the collector: 1, 2, then none after the third; 1, 2, none after the sixth; 1.
+    assert json.loads(child.stdout) == [1, 2, 0, 1, 2, 0, 1]

@@ -1,16 +1,20 @@
 """A thousand edges on one cloud site (``testing.many_edges``: edges that nobody can dial, each keeping an
 uplink with msgbusd's own link code): every edge reached by the cloud and reaching it, and after a restart of
-the cloud every edge back, spread over seconds rather than all at once, with nothing lost or run twice."""
+the cloud every edge back, spread over seconds rather than all at once, with nothing lost or run twice; on a
+cloud site of two processes, the edges of one killed land on the other, and what waited for them flows."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 import redis
 
-from testing.local_sites import LocalCluster
+from msgbusd.sending.links import UPLINK_WAIT_S
+from testing.local_sites import LocalCluster, SiteProcess, wait_until
 from testing.many_edges import ManyEdgesProcess
 from tests.support.services import RawService, pop_replies, push_request
 from wire import keys
@@ -45,9 +49,11 @@ def ask_every_edge(conn: redis.Redis, edges: ManyEdgesProcess, what: str) -> dic
     }
 
 
-def answered_once(conn: redis.Redis, rets: dict[int, str], what: str) -> None:
+def answered_once(conn: redis.Redis, rets: dict[int, str], what: str, within_s: float = 120.0) -> None:
+    """Each request of ``rets`` answered, all within ``within_s``, and none twice."""
+    deadline = time.monotonic() + within_s
     for edge, ret in rets.items():
-        (reply,) = pop_replies(conn, ret, 1, timeout_s=120)
+        (reply,) = pop_replies(conn, ret, 1, timeout_s=max(0.0, deadline - time.monotonic()))
         assert (reply.err, reply.payload) == ("", f"{what} {edge}".encode()), f"edge {edge}"
     assert not any(conn.llen(ret) for ret in rets.values()), "a request answered twice"
 
@@ -92,3 +98,55 @@ def test_every_edge_is_reached_and_reaches_the_cloud_and_all_come_back_spread_af
     )
     # The edges dial again over their backoff (with full jitter), not all at once.
     assert in_the_first_second < 0.8 * EDGES, f"{in_the_first_second} of {EDGES} back in the first second"
+
+
+def uplinks_in_log(site: SiteProcess) -> dict[int, float]:
+    """When each edge's uplink last opened to this process (unix time), from its log."""
+    opened: dict[int, float] = {}
+    for raw in site.log().splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if str(line.get("msg", "")).endswith("opened its uplink to this site"):
+            opened[int(line["twin"])] = datetime.fromisoformat(line["ts"]).timestamp()
+    return opened
+
+
+def test_on_a_site_of_two_processes_the_edges_of_one_killed_land_on_the_other_and_what_waited_flows() -> None:
+    edges = ManyEdgesProcess(cloud=CLOUD, count=EDGES)
+    cluster = LocalCluster(size=1, processes=2, extra_twins=edges.twins()).start()
+    conn = redis.Redis.from_url(cluster.redis[0].url)
+    try:
+        edges.start(cluster.twins_file)
+        all_open(edges)
+        kept, killed = cluster.processes_of(CLOUD)
+        on_kept, on_killed = uplinks_in_log(kept), uplinks_in_log(killed)
+        # The kernel spreads the edges' connections over both processes.
+        assert set(on_kept) | set(on_killed) == set(edges.ids)
+        assert min(len(on_kept), len(on_killed)) > EDGES // 5, (len(on_kept), len(on_killed))
+        # Whichever process takes a request, it reaches the edge over the process its uplink is open to, and
+        # without waiting for the sender that took it for its own to look again (UPLINK_WAIT_S).
+        answered_once(conn, ask_every_edge(conn, edges, "spread"), "spread", within_s=UPLINK_WAIT_S / 2)
+
+        # An edge whose uplink moved to the other process before the kill is not the killed one's.
+        held = {edge for edge, at in on_killed.items() if at > on_kept.get(edge, 0.0)}
+        killed.kill()
+        killed_at = time.time()
+        waiting = ask_every_edge(conn, edges, "waiting")
+
+        def all_back_on_the_other() -> bool:
+            opened = uplinks_in_log(kept)
+            return all(opened.get(edge, 0.0) > on_killed[edge] for edge in held)
+
+        wait_until(all_back_on_the_other, 120, "the edges of the killed process back on the other")
+        all_open(edges)
+        answered_once(conn, waiting, "waiting")
+        print(
+            f"{len(held)} of {EDGES} edges on the killed process; all back on the other "
+            f"{max(edges.stats(opened=True)['opened_at']) - killed_at:.1f} s after the kill"
+        )
+    finally:
+        conn.close()
+        edges.stop()
+        cluster.cleanup()
