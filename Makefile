@@ -102,6 +102,8 @@ bench: setup
 	$(BIN)/python -m bench.router
 	$(BIN)/python -m bench.waiting
 	$(BIN)/python -m bench.many_edges
+	$(BIN)/python -m bench.many_edges --two-processes --edges 10000
+	$(BIN)/python -m bench.real_edges
 	$(BIN)/python -m bench.wan $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 	$(BIN)/python -m bench.thin_link $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 

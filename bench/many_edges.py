@@ -9,6 +9,9 @@ again: the time until 99 % and 100 % of the edges are back, the peak of handshak
 CPU meanwhile, and how often its event loop was late by more than 100 ms while they came (and the worst, as
 the bound of its histogram bucket: ``msgbus_event_loop_lag_seconds``). Prints one JSON line per N.
 
+``--one-way``: the requests go from the cloud to the edges only (the cloud's tail without the edges'
+requests beside it).
+
 ``--two-processes``: the same for a cloud site of two processes sharing its port (``--reuse-port``), and one
 of them killed -9: how many of the edges were on it, and the time until every one of them is back on the
 other and has answered a request.
@@ -277,17 +280,19 @@ def run(row: dict[str, Any], args: argparse.Namespace) -> None:
         try:
             replies_before = fleet.stats()["replies"]
             lag, gc_pauses = histogram(cloud, LAG), histogram(cloud, GC)
-            fleet.send(CLOUD_CMD, args.rate, int(args.rate * args.duration))
+            if not args.one_way:
+                fleet.send(CLOUD_CMD, args.rate, int(args.rate * args.duration))
             row |= asyncio.run(cloud_calls(redis_url, fleet.ids, args.rate, args.duration))
-            expected = replies_before + int(args.rate * args.duration)
-            stats = settled(fleet, lambda s: s["replies"] + s["requests_refused"] >= expected, 60)
-            row |= {
-                "edge_to_cloud_p50_ms": round(1000 * stats["round_trip_p50_s"], 2),
-                "edge_to_cloud_p99_ms": round(1000 * stats["round_trip_p99_s"], 2),
-                "edge_to_cloud_refused": stats["requests_refused"],
-                "edge_to_cloud_unanswered": expected - stats["replies"] - stats["requests_refused"],
-                **{f"requests_{key}": value for key, value in loop_stalls(cloud, lag, gc_pauses).items()},
-            }
+            if not args.one_way:
+                expected = replies_before + int(args.rate * args.duration)
+                stats = settled(fleet, lambda s: s["replies"] + s["requests_refused"] >= expected, 60)
+                row |= {
+                    "edge_to_cloud_p50_ms": round(1000 * stats["round_trip_p50_s"], 2),
+                    "edge_to_cloud_p99_ms": round(1000 * stats["round_trip_p99_s"], 2),
+                    "edge_to_cloud_refused": stats["requests_refused"],
+                    "edge_to_cloud_unanswered": expected - stats["replies"] - stats["requests_refused"],
+                }
+            row |= {f"requests_{key}": value for key, value in loop_stalls(cloud, lag, gc_pauses).items()}
         finally:
             stop_process(service)
         for how in ("sigterm", "kill9"):
@@ -368,6 +373,9 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds the idle CPU is measured over")
     parser.add_argument("--back-timeout", type=float, default=600.0, help="seconds to wait for all edges")
     parser.add_argument("--edge-processes", type=int, default=2, help="processes the edges run in")
+    parser.add_argument(
+        "--one-way", action="store_true", help="requests from the cloud to the edges only, none the other way"
+    )
     parser.add_argument(
         "--two-processes", action="store_true", help="a cloud of two processes, one of them killed -9"
     )

@@ -20,6 +20,8 @@ from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import Sentinel, SentinelConnectionPool
 from redis.utils import HIREDIS_AVAILABLE
 
+from wire.redis_pool import QuickBlockingPool, QuickWaits
+
 try:
     from redis.connection import HiredisRespSerializer
 except ImportError:  # an older redis-py: its asyncio connections pack in Python
@@ -112,7 +114,7 @@ class _AsyncSentinelPool(AsyncSentinelPool):
             await sentinel.connection_pool.disconnect()
 
 
-class _BlockingSentinelPool(_AsyncSentinelPool, BlockingConnectionPool):
+class _BlockingSentinelPool(QuickWaits, _AsyncSentinelPool, BlockingConnectionPool):
     """The master's connections through the sentinels, with a command waiting for a free connection
     instead of failing when all are in use."""
 
@@ -161,9 +163,7 @@ def _async_client(
     if found is None:
         if max_connections is None:
             return aioredis.Redis.from_url(url, **options)
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=wait_s, **options
-        )
+        pool = QuickBlockingPool.from_url(url, max_connections=max_connections, timeout=wait_s, **options)
         return aioredis.Redis.from_pool(pool)
     sentinel = _SENTINELS[True](list(found.sentinels), sentinel_kwargs=_sentinel_options(options), **options)
     limits: dict[str, Any] = {"connection_pool_class": _AsyncSentinelPool}

@@ -245,7 +245,8 @@ class Schedule:
             if finished:
                 await self._store.sent(dst, [], head=(entries[0], finished))
                 dropped += finished
-            if finished < len(entries):
+            if finished < len(entries) or len(entries) < batch:
+                # A live entry leads the queue now, or the queue had no more (what came since is live).
                 break
         return dropped
 
