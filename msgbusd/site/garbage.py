@@ -16,10 +16,9 @@ runs meanwhile), which Python did every few minutes under traffic. Set aside, th
 only what came to it since, and Python's own looks at it take milliseconds. A herd of edges makes thousands
 of links within seconds: they are set aside as they come, after every :data:`SET_ASIDE_AFTER` of them
 (:class:`LongLived`), so that a look at the oldest generation meanwhile walks at most that many, not all
-(half a second for 10,000). What is set aside and later
-becomes a cycle with nothing else referring to it is never collected: the daemon's own objects do not
-(``tests/sending/test_site_socket.py`` checks a link's connection's), and ``msgbus_gc_pause_seconds`` and
-the daemon's resident memory show it if a library's do.
+(half a second for 10,000). What is set aside and later becomes a cycle with nothing else referring to it
+is never collected: the daemon's own objects do not (``tests/sending/test_site_socket.py`` checks a link's
+connection's), and ``msgbus_gc_pause_seconds`` and the daemon's resident memory show it if a library's do.
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ YOUNG_THRESHOLD = 5_000
 # The generations the daemon collects itself: the youngest and the middle one.
 YOUNGER_GENERATIONS = 1
 # Long-lived things (links) made between two settings aside: a look at the oldest generation walks at most
-# that many (about 50 objects each: tens of milliseconds), and the look at the younger ones each setting
-# aside takes is one of Python's own every few hundred links of a herd.
+# that many (about 50 objects each: tens of milliseconds). Each setting aside costs a look at the younger
+# generations, which Python makes anyway every few hundred links of a herd.
 SET_ASIDE_AFTER = 1_000
 
 
