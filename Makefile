@@ -86,7 +86,7 @@ test: setup
 
 # The unit tier: nothing but the shared redis-server is started (under 30 s).
 test-fast: setup compile
-	$(BIN)/pytest -m "not slow and not processes"
+	$(BIN)/pytest -n 2 --dist loadscope -m "not slow and not processes"
 
 # The fault scenarios alone, with their figures as a table (for docs/reliability.md).
 faults: setup compile
