@@ -47,6 +47,11 @@ BEATS_PER_LEASE = 5
 # at most: a herd of edges coming back is a few round trips, not one each.
 UPLINK_RECORD_AFTER_S = 0.05
 UPLINK_BATCH = 1000
+# The others' uplinks are read whole (90-130 ms at 100,000 edges): after a read, the next waits this many
+# times as long as it took, so that a herd changing them at every beat costs a bounded share of a core (a
+# twentieth) and stalls the loop that seldom. Meanwhile a lease may go to the instance the uplink is not open
+# to, whose sender waits for it; the lease follows the uplink at the next read.
+UPLINKS_READ_SPACING = 20
 
 
 def pick(name: str, live: Iterable[str]) -> str:
@@ -96,6 +101,8 @@ class Instance:
         # is open to): this instance's own as they change, the others' read at a beat when they changed.
         self.preferred: dict[str, str] = {}
         self._uplinks_version: int | None = None
+        # When the others' uplinks may be read again (this instance's clock).
+        self._uplinks_read_after = -1e9
         # Uplinks opened (True) or closed (False) here and not recorded in Redis yet, the latest last.
         self._uplink_changes: dict[int, bool] = {}
         self._record_uplinks_at: asyncio.TimerHandle | None = None
@@ -222,8 +229,15 @@ class Instance:
         if len(live) > 1 or len(self.live) > 1:
             self._unheard_since_sweep = True
         self.live = sorted(live)
-        if len(self.live) > 1 and beat.uplinks_version != self._uplinks_version:
+        if (
+            len(self.live) > 1
+            and beat.uplinks_version != self._uplinks_version
+            and self._clock() >= self._uplinks_read_after
+        ):
+            started = time.perf_counter()
             await self._read_uplinks(beat.uplinks_version)
+            took_s = time.perf_counter() - started
+            self._uplinks_read_after = self._clock() + UPLINKS_READ_SPACING * took_s
         if swept or self._clock() >= self._next_sweep:
             # What a previous run or a dead instance left waits for peers nobody here knows the state of:
             # their senders probe them first.

@@ -7,12 +7,22 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from msgbusd.site.instance import Instance
+from msgbusd.site.instance import UPLINKS_READ_SPACING, Instance
 from msgbusd.store.instances import InstanceStore, announcement, read_announcement
 from msgbusd.store.leases import CARRIED_BYTES, Leases, Notice
 from wire import keys
 
 LEASE_S = 5.0
+
+
+class FakeClock:
+    """An instance's clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 async def test_a_free_lease_goes_to_its_live_pick_and_stays_with_a_live_holder(
@@ -337,15 +347,48 @@ async def test_an_instance_reads_the_others_uplinks_only_when_they_changed(
         return await read_holders()
 
     store.uplink_holders = counted  # type: ignore[method-assign]
-    instance = Instance(store, Leases("b"), lease_s=LEASE_S, queues=[], pending=no_destinations)
+    clock = FakeClock()
+    instance = Instance(store, Leases("b"), lease_s=LEASE_S, queues=[], pending=no_destinations, clock=clock)
     await instance.beat_and_settle()
     assert reads == 0, "alone, it knows its own uplinks"
     await store.heartbeat("a", {}, 60)
     await store.uplinks_changed("a", [7], [])
+    clock.now += 1
     await instance.beat_and_settle()
     assert (reads, instance.preferred) == (1, {"7": "a"})
+    clock.now += 1
     await instance.beat_and_settle()
     assert reads == 1, "nothing changed"
     await store.uplinks_changed("a", [8], [7])
+    clock.now += 1
     await instance.beat_and_settle()
     assert (reads, instance.preferred) == (2, {"8": "a"})
+
+
+async def test_a_slow_read_of_the_others_uplinks_spaces_the_next_ones(async_redis: aioredis.Redis) -> None:
+    store = InstanceStore(async_redis)
+    reads = 0
+    read_holders = store.uplink_holders
+    read_s = 0.05
+
+    async def slow() -> dict[str, str]:
+        nonlocal reads
+        reads += 1
+        await asyncio.sleep(read_s)  # as a map of 100,000 edges takes
+        return await read_holders()
+
+    store.uplink_holders = slow  # type: ignore[method-assign]
+    clock = FakeClock()
+    instance = Instance(store, Leases("b"), lease_s=LEASE_S, queues=[], pending=no_destinations, clock=clock)
+    await store.heartbeat("a", {}, 60)
+    await store.uplinks_changed("a", [7], [])
+    await instance.beat_and_settle()
+    assert (reads, instance.preferred) == (1, {"7": "a"})
+    # Changed again at once: read again only once UPLINKS_READ_SPACING times the last read has passed.
+    await store.uplinks_changed("a", [8], [])
+    clock.now += 0.5 * UPLINKS_READ_SPACING * read_s
+    await instance.beat_and_settle()
+    assert (reads, instance.preferred) == (1, {"7": "a"})
+    clock.now += UPLINKS_READ_SPACING * read_s
+    await instance.beat_and_settle()
+    assert (reads, instance.preferred) == (2, {"7": "a", "8": "a"})
