@@ -4,11 +4,11 @@ one is free.
 redis-py's ``BlockingConnectionPool`` takes a connection for each command under an ``asyncio.Condition``,
 inside a timeout, and gives it back under a lock, with an event dispatched and four pool counters recorded for
 OpenTelemetry each way: 15-40 µs of CPU per command here, a twentieth of the daemon's CPU when it sends to
-thousands of twins at once. :class:`QuickWaits` keeps what a bounded pool needs (a command waits, in arrival
-order, while all ``max_connections`` are in use, up to the pool's ``timeout``; a connection is checked before
-it is handed out, as redis-py's pools do) and nothing else. It leaves out the pool's OpenTelemetry counters
-and its after-release event (redis-py's re-authentication with streaming credentials, which msgbus does not
-use).
+thousands of twins at once. :class:`QuickWaits` keeps what a bounded pool needs (a command waits while all
+``max_connections`` are in use, up to the pool's ``timeout``, and each connection given back wakes one waiting
+command; a connection is checked before it is handed out, as redis-py's pools do) and nothing else. It leaves
+out the pool's OpenTelemetry counters and its after-release event (redis-py's re-authentication with
+streaming credentials, which msgbus does not use).
 """
 
 from __future__ import annotations
