@@ -60,8 +60,10 @@ class QuickWaits:
 
     async def release(self, connection: AbstractConnection) -> None:
         self._in_use_connections.remove(connection)
+        # Asked to reconnect by the server's maintenance notices (redis-py 8; earlier ones have none).
+        should_reconnect = getattr(connection, "should_reconnect", None)
         try:
-            if connection.should_reconnect():  # type: ignore[no-untyped-call]
+            if should_reconnect is not None and should_reconnect():
                 await connection.disconnect()
         finally:
             self._available_connections.append(connection)
