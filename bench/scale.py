@@ -20,7 +20,8 @@ requests to twins that are down (its retries are keyed by the client's uid, whic
 ``--at-once``: the requests are pushed in one command (as a cloud asking every node one thing at once does),
 not one by one, and the figures are taken once every reachable twin has answered (``reachable_seconds``,
 ``reachable_cpu_ms_per_rpc``); the down twins' errors are then waited for (``down_answered``, by when:
-``down_answered_seconds``) for at most ``--down-wait`` seconds after the push.
+``down_answered_seconds``, and the daemon's CPU until then: ``down_answered_cpu_seconds``) for at most
+``--down-wait`` seconds after the push.
 
 ``--floor`` runs them through :mod:`bench.floor_site` too: the least a site must do for them with the same
 libraries (sign, POST on a connection of its own, check the reply's signature, push it), nothing kept.
@@ -202,7 +203,7 @@ def measure_at_once(destinations: int, pid: int, redis_url: str, options: Option
         for n in range(destinations)
     ]
     reachable_left, down_left = destinations - options.down, options.down
-    errors, reachable_s, reachable_cpu, down_answered_s = 0, 0.0, 0.0, 0.0
+    errors, reachable_s, reachable_cpu, down_answered_s, down_cpu = 0, 0.0, 0.0, 0.0, 0.0
     rss_before = rss_mib(pid)
     with redis.Redis.from_url(redis_url, socket_timeout=None) as conn:
         cpu_before, started = cpu_seconds(pid), time.monotonic()
@@ -219,7 +220,7 @@ def measure_at_once(destinations: int, pid: int, redis_url: str, options: Option
                 reply = Envelope.decode(raw)
                 if reply.src >= first_down or (reply.err and reply.src == 0):
                     down_left -= 1
-                    down_answered_s = time.monotonic() - started
+                    down_answered_s, down_cpu = time.monotonic() - started, cpu_seconds(pid) - cpu_before
                 else:
                     reachable_left -= 1
                     errors += bool(reply.err)
@@ -237,6 +238,8 @@ def measure_at_once(destinations: int, pid: int, redis_url: str, options: Option
         "reachable_unanswered": reachable_left,
         "down_answered": options.down - down_left,
         "down_answered_seconds": round(down_answered_s, 2),
+        # The daemon's CPU until the last down twin's error (all of the burst, when it came last).
+        "down_answered_cpu_seconds": round(down_cpu, 2),
         "rss_before_mib": round(rss_before, 1),
         "rss_after_mib": round(rss_mib(pid), 1),
     }

@@ -205,6 +205,8 @@ class Peer:
         self.lease_going = asyncio.Event()
         # Waiting for the twin to open its uplink (said once in the log).
         self.waits_for_uplink = False
+        # That messages wait for the twin while it is down is in the log.
+        self.holding_said = True
         # Large messages sent beside the others.
         self.large = LargeMessages(peers.large_message_bytes)
         # Batches sent from memory, oldest first, each awaiting its answers (True: all of it went, and is
@@ -614,12 +616,16 @@ class Peer:
                 return entries.index(item.entry), replies
             if error.offline:
                 self._went_down(error)
+                dealt_with = entries.index(item.entry)
                 if not self._schedule.hold_offline:
                     attempted = [
                         it for it, e in zip(items[index:], results[index:], strict=True) if e and e.attempted
                     ]
-                    await self._schedule.failed_while_offline(attempted, error.cause)
-                return entries.index(item.entry), replies
+                    finished = await self._schedule.failed_while_offline(attempted, error.cause)
+                    # Those that failed for good leave the queue with what went, not in a later trim.
+                    while dealt_with < len(entries) and entries[dealt_with] in finished:
+                        dealt_with += 1
+                return dealt_with, replies
             await self._schedule.refused(item, error.cause, final=error.final)
         return len(entries), replies
 
@@ -819,6 +825,12 @@ class Peer:
         then. False once nothing is left waiting."""
         schedule, twin = self._schedule, self.twin
         waiting = await self._store.send_queue_length(twin)
+        if not waiting:
+            # Nothing waits (what failed for good left with the send): no give-up time is due or next.
+            if lane.give_up_at is not None or lane.noted:
+                await schedule.forget(twin)
+                lane.noted, lane.give_up_at = 0, None
+            return False
         if probed and lane.noted < waiting:
             lane.noted, first = await schedule.note(twin, lane.noted)
             if lane.give_up_at is not None:
@@ -831,6 +843,8 @@ class Peer:
         if gave_up or now - lane.trimmed_at >= TRIM_EVERY_S:
             trimmed = await schedule.trim(twin, BATCH)
             lane.noted, waiting, lane.trimmed_at = max(0, lane.noted - trimmed), waiting - trimmed, now
+        if waiting > 0:
+            self._say_holding(waiting)
         return waiting > 0
 
     async def _back(self, lane: Lane) -> None:
@@ -849,10 +863,19 @@ class Peer:
     def _went_down(self, error: DeliveryError) -> None:
         self._peers.leave_place(self)
         if self.health.unreachable(error.cause):
+            self.holding_said = False
+
+    def _say_holding(self, waiting: int) -> None:
+        """Say once per time down that messages wait for the twin (not when what found it down failed for
+        good and nothing waits: its callers have their errors, and the log has each)."""
+        if not self.holding_said and self.health.is_down:
+            self.holding_said = True
             log.warning(
-                "holding messages to twin %s while it is unreachable: %s; probing it every second or two",
+                "holding messages to twin %s while it is unreachable: %s; probing it every second or two "
+                "(%d waiting)",
                 self.twin,
-                error.cause,
+                self.health.cause,
+                waiting,
                 extra=about(dst=self.twin),
             )
 

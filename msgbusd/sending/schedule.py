@@ -102,15 +102,21 @@ class Schedule:
             return
         await self._fail(uid, original, failures, cause)
 
-    async def failed_while_offline(self, items: Sequence[SendItem], cause: str) -> None:
+    async def failed_while_offline(self, items: Sequence[SendItem], cause: str) -> set[str]:
         """A send found the peer down (without --hold-offline): each request in it spent a try, and those
-        with none left get their final error now; the others wait for the peer."""
+        with none left get their final error now; the others wait for the peer. Returns the send-queue
+        entries that have their outcome now (nothing waits in them)."""
         requests = [item for item in items if item.original is not None]
         failures = await self._store.record_failures([item.uid for item in requests])
+        finished = set()
         for item, failed in zip(requests, failures, strict=True):
             assert item.original is not None
             if failed > item.original.retries:
                 await self._fail(item.uid, item.original, failed, cause)
+            if failed == 0 or failed > item.original.retries:
+                # (0: nothing was counted, it had its outcome already.)
+                finished.add(item.entry)
+        return finished
 
     async def give_up(self, item: SendItem, cause: str) -> None:
         """``item`` waited for its peer as long as it may: a request gets ``all retries done``, a reply is

@@ -283,6 +283,9 @@ class Store(SendQueues):
         self._finish = redis.register_script(_FINISH)
         # Replies from many peers arrive at about the same time.
         self._finished_together = SharedRoundTrips(redis, replication)
+        # Many senders find their peers down at once (a cloud calling every node): their tries are counted
+        # together.
+        self._counted_together = SharedRoundTrips(redis)
         self._schedule_retry = redis.register_script(_SCHEDULE_RETRY)
         self._count_failure = redis.register_script(_COUNT_FAILURE)
 
@@ -443,10 +446,8 @@ class Store(SendQueues):
         """Count a failed attempt of each request (with ``only_first``, of those that had none yet), in one
         round trip; returns each one's failures so far. A request that has its outcome by now is left alone
         (its bookkeeping is gone and stays gone)."""
-        batch = ScriptBatch(self.redis)
-        for uid in uids:
-            batch.script(self._count_failure, [keys.BACKLOG, keys.ATTEMPTS], [uid, int(only_first)])
-        return [int(n) for n in await batch.run()]
+        calls = [(self._count_failure, [keys.BACKLOG, keys.ATTEMPTS], [uid, int(only_first)]) for uid in uids]
+        return [int(n) for n in await self._counted_together.run(calls)]
 
     async def schedule_retry(self, uid: str, due: float) -> bool:
         """Schedule a re-send of request ``uid``; False if it already has its outcome."""

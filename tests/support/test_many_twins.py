@@ -13,16 +13,18 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis
 from aiohttp import web
 
 from client.sync import Client
 from msgbusd.identity.signing import Signer, verify, verify_digest
 from msgbusd.sending.link_sockets import REFUSED
 from msgbusd.sending.links import handshake_digest
-from testing.local_sites import LocalCluster, free_port
+from testing.local_sites import LocalCluster, free_port, wait_until
 from testing.many_twins import STATS_LINE, ManyTwinsProcess, TwinRange, add_to_twin_file, twin_signer
 from twin_resolver.base import Twin
 from twin_resolver.static import load_twin_file, write_twin_file
+from wire import keys
 from wire.envelope import Envelope, encode_payload
 
 pytestmark = pytest.mark.timeout(90)
@@ -85,6 +87,12 @@ def test_a_site_gets_each_up_twins_signed_answer_and_an_error_for_each_down_twin
         }
         for twin in down:
             assert replies[twin].error.startswith(f"all retries done: couldn't reach twin {twin} at "), twin
+        # What found each down twin down failed for good: nothing of it is left to wait for the twin, and the
+        # log does not say that something waits.
+        with redis.Redis.from_url(cluster.redis[0].url) as site_redis:
+            waiting = [keys.send_queue(twin) for twin in down] + [keys.give_up(twin) for twin in down]
+            wait_until(lambda: not site_redis.exists(*waiting), 10, "the down twins' queues gone")
+        assert "holding messages to twin" not in cluster.sites[0].log()
         other = "post" if way == "link" else "link"
         stats = harness.wait_for(lambda s: s["replies"][way] == len(up), what=f"{len(up)} replies by {way}")
         assert stats["requests"] == {way: len(up), other: 0}
