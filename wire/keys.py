@@ -102,6 +102,9 @@ UPLINKS = "msgbus.system.uplinks"
 # string int: INCR with every change of UPLINKS, so that an instance reads that hash (one field per edge on a
 # cloud site) again only when it changed.
 UPLINKS_VERSION = "msgbus.system.uplinks.version"
+# list of strings "<version>|<instance>|<twins opened, comma-separated>|<twins closed>": the last changes of
+# UPLINKS, one per version, so that an instance reads what changed since its last read, not the whole hash.
+UPLINK_CHANGES = "msgbus.system.uplinks.changes"
 LOCAL_LEASE = "local"
 REPLY_LEASE = "reply"
 TIMERS_LEASE = "timers"

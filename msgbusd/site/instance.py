@@ -47,10 +47,11 @@ BEATS_PER_LEASE = 5
 # at most: a herd of edges coming back is a few round trips, not one each.
 UPLINK_RECORD_AFTER_S = 0.05
 UPLINK_BATCH = 1000
-# The others' uplinks are read whole (90-130 ms at 100,000 edges): after a read, the next waits this many
-# times as long as it took, so that a herd changing them at every beat costs a bounded share of a core (a
-# twentieth) and stalls the loop that seldom. Meanwhile a lease may go to the instance the uplink is not open
-# to, whose sender waits for it; the lease follows the uplink at the next read.
+# The others' uplinks are read as what changed since the last read, or whole when Redis no longer has all of
+# that (90-130 ms at 100,000 edges): after a read, the next waits this many times as long as it took, so that
+# a herd changing them at every beat costs a bounded share of a core (a twentieth) and stalls the loop that
+# seldom. Meanwhile a lease may go to the instance the uplink is not open to, whose sender waits for it; the
+# lease follows the uplink at the next read.
 UPLINKS_READ_SPACING = 20
 
 
@@ -246,15 +247,23 @@ class Instance:
 
     async def _read_uplinks(self, version: int) -> None:
         """Which instance each twin's uplink is open to, as Redis says (with the changes here not recorded
-        yet): read when other instances are live and it changed since the last read."""
-        preferred = await self._store.uplink_holders()
+        yet): read when other instances are live and it changed since the last read; what changed since,
+        when Redis still has all of it, else the whole map."""
+        changes = None
+        if self._uplinks_version is not None and self._uplinks_version < version:
+            changes = await self._store.uplink_changes_since(self._uplinks_version)
+        if changes is None:
+            self.preferred, self._uplinks_version = await self._store.uplink_holders()
+        else:
+            # In Redis's order (this instance's own changes among them), on top of what was read before.
+            for change in changes:
+                change.apply(self.preferred)
+            self._uplinks_version = changes[-1].version
         for twin, opened in self._uplink_changes.items():
             if opened:
-                preferred[str(twin)] = self.id
-            elif preferred.get(str(twin)) == self.id:
-                del preferred[str(twin)]
-        self.preferred = preferred
-        self._uplinks_version = version
+                self.preferred[str(twin)] = self.id
+            elif self.preferred.get(str(twin)) == self.id:
+                del self.preferred[str(twin)]
 
     async def _bury_dead(self, beat: Beat) -> set[str]:
         judge_by_age = self._beating_since is not None and self._clock() - self._beating_since >= self.lease_s

@@ -76,22 +76,42 @@ end
 return holders
 """
 
-# Records uplinks that opened to instance ARGV[1] (the first ARGV[2] twins after it) and forgets those that
-# closed there (the rest: each only if it is still said to be that instance's); returns the twins among the
-# opened whose send queue is not empty. KEYS: uplinks, their version, destinations.
+# Records uplinks that opened to instance ARGV[1] (the first ARGV[3] twins after it) and forgets those that
+# closed there (the rest: each only if it is still said to be that instance's); writes the change under the
+# new version in the list of the last ARGV[2] changes; returns the twins among the opened whose send queue is
+# not empty. KEYS: uplinks, their version, destinations, the changes.
 _UPLINKS_CHANGED = """
-local opened = tonumber(ARGV[2])
+local opened = tonumber(ARGV[3])
 local waiting = {}
-for i = 3, 2 + opened do
+for i = 4, 3 + opened do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[1])
   if redis.call('SISMEMBER', KEYS[3], ARGV[i]) == 1 then waiting[#waiting + 1] = ARGV[i] end
 end
-for i = 3 + opened, #ARGV do
+for i = 4 + opened, #ARGV do
   if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[1] then redis.call('HDEL', KEYS[1], ARGV[i]) end
 end
-redis.call('INCR', KEYS[2])
+local version = redis.call('INCR', KEYS[2])
+local change = table.concat({version, ARGV[1], table.concat(ARGV, ',', 4, 3 + opened),
+  table.concat(ARGV, ',', 4 + opened, #ARGV)}, '|')
+if redis.call('RPUSH', KEYS[4], change) > tonumber(ARGV[2]) then
+  redis.call('LTRIM', KEYS[4], -tonumber(ARGV[2]), -1)
+end
 return waiting
 """
+
+# The changes of the uplinks after version ARGV[1], oldest first; false when the list of the last changes
+# does not reach back to it (the hash is read whole instead). KEYS: the changes.
+_UPLINK_CHANGES_SINCE = """
+local first = redis.call('LINDEX', KEYS[1], 0)
+if not first then return false end
+local start = tonumber(ARGV[1]) + 1 - tonumber(string.match(first, '^%d+'))
+if start < 0 then return false end
+return redis.call('LRANGE', KEYS[1], start, -1)
+"""
+
+# Changes of the uplinks kept for instances to read (one per batch recorded, of up to UPLINK_BATCH twins):
+# an instance that missed more reads the hash whole.
+UPLINK_CHANGES_KEPT = 1000
 
 # Hands leases the caller holds to other instances (or frees them: an empty name of the next holder), and
 # tells each new holder. KEYS: owners. ARGV: caller, channel prefix, then (name, next holder) pairs.
@@ -131,6 +151,34 @@ _CHANNEL_PREFIX = keys.wake_channel("")
 
 
 @dataclass(frozen=True)
+class UplinkChange:
+    """One change of the uplinks: those that opened to ``instance`` and those that closed there."""
+
+    version: int
+    instance: str
+    opened: list[str]
+    closed: list[str]
+
+    def apply(self, holders: dict[str, str]) -> None:
+        """Make ``holders`` (twin -> instance) what the change made the hash."""
+        for twin in self.opened:
+            holders[twin] = self.instance
+        for twin in self.closed:
+            if holders.get(twin) == self.instance:
+                del holders[twin]
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> UplinkChange:
+        version, rest = as_text(raw).split("|", 1)
+        instance, opened, closed = rest.rsplit("|", 2)
+        return cls(int(version), instance, _twins(opened), _twins(closed))
+
+
+def _twins(listed: str) -> list[str]:
+    return listed.split(",") if listed else []
+
+
+@dataclass(frozen=True)
 class Beat:
     """What a heartbeat found: whether this instance was still in the set, Redis's time, every instance's
     last beat."""
@@ -152,6 +200,7 @@ class InstanceStore:
         self._claim = redis.register_script(_CLAIM)
         self._hand_over = redis.register_script(_HAND_OVER)
         self._uplinks_changed = redis.register_script(_UPLINKS_CHANGED)
+        self._uplink_changes_since = redis.register_script(_UPLINK_CHANGES_SINCE)
 
     async def heartbeat(self, instance: str, info: Mapping[str, str], ttl_s: int) -> Beat:
         fields = [value for pair in info.items() for value in pair]
@@ -162,18 +211,33 @@ class InstanceStore:
         beats = {as_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Beat(bool(present), float(now), beats, int(version))
 
-    async def uplink_holders(self) -> dict[str, str]:
-        """Which instance each twin's uplink is open to (twin id -> instance)."""
-        found = await self.redis.hgetall(keys.UPLINKS)
-        return {as_text(k): as_text(v) for k, v in found.items()}
+    async def uplink_holders(self) -> tuple[dict[str, str], int]:
+        """Which instance each twin's uplink is open to (twin id -> instance), and the version that is."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.UPLINKS)
+            pipe.get(keys.UPLINKS_VERSION)
+            found, version = await pipe.execute()
+        return {as_text(k): as_text(v) for k, v in found.items()}, int(version or 0)
+
+    async def uplink_changes_since(self, version: int) -> list[UplinkChange] | None:
+        """The changes of the uplinks after ``version``, oldest first; None when they are not all kept any
+        more (or the version is not one Redis had: it lost them), and the hash must be read whole."""
+        found = await self._uplink_changes_since(keys=[keys.UPLINK_CHANGES], args=[version])
+        if found is None:
+            return None
+        changes = [UplinkChange.parse(raw) for raw in found]
+        if not changes or changes[0].version != version + 1:
+            return None
+        return changes
 
     async def uplinks_changed(self, instance: str, opened: Sequence[int], closed: Sequence[int]) -> list[int]:
         """Record the uplinks of ``opened`` as open to ``instance`` and forget those of ``closed`` (unless one
         opened again to another instance meanwhile), in one round trip; returns the twins of ``opened``
         that have something waiting to be sent to them."""
-        args: list[str | int] = [instance, len(opened), *map(str, opened), *map(str, closed)]
+        args: list[str | int] = [instance, UPLINK_CHANGES_KEPT, len(opened), *map(str, opened)]
+        args += map(str, closed)
         waiting = await self._uplinks_changed(
-            keys=[keys.UPLINKS, keys.UPLINKS_VERSION, keys.DESTINATIONS], args=args
+            keys=[keys.UPLINKS, keys.UPLINKS_VERSION, keys.DESTINATIONS, keys.UPLINK_CHANGES], args=args
         )
         return [int(as_text(twin)) for twin in waiting]
 

@@ -8,7 +8,13 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 
 from msgbusd.site.instance import UPLINKS_READ_SPACING, Instance
-from msgbusd.store.instances import InstanceStore, announcement, read_announcement
+from msgbusd.store.instances import (
+    UPLINK_CHANGES_KEPT,
+    InstanceStore,
+    UplinkChange,
+    announcement,
+    read_announcement,
+)
 from msgbusd.store.leases import CARRIED_BYTES, Leases, Notice
 from wire import keys
 
@@ -334,50 +340,93 @@ async def test_uplinks_that_open_are_recorded_by_the_loop_and_only_a_twin_with_w
     assert leases.holds("8") and not leases.holds("7")
 
 
-async def test_an_instance_reads_the_others_uplinks_only_when_they_changed(
+async def test_an_instance_reads_the_others_uplinks_only_when_they_changed_and_then_only_what_changed(
     async_redis: aioredis.Redis,
 ) -> None:
     store = InstanceStore(async_redis)
-    reads = 0
-    read_holders = store.uplink_holders
+    reads: list[str] = []
+    read_whole, read_changes = store.uplink_holders, store.uplink_changes_since
 
-    async def counted() -> dict[str, str]:
-        nonlocal reads
-        reads += 1
-        return await read_holders()
+    async def whole() -> tuple[dict[str, str], int]:
+        reads.append("whole")
+        return await read_whole()
 
-    store.uplink_holders = counted  # type: ignore[method-assign]
+    async def changes(version: int) -> list[UplinkChange] | None:
+        reads.append("changes")
+        return await read_changes(version)
+
+    store.uplink_holders = whole  # type: ignore[method-assign]
+    store.uplink_changes_since = changes  # type: ignore[method-assign]
     clock = FakeClock()
     instance = Instance(store, Leases("b"), lease_s=LEASE_S, queues=[], pending=no_destinations, clock=clock)
     await instance.beat_and_settle()
-    assert reads == 0, "alone, it knows its own uplinks"
+    assert reads == [], "alone, it knows its own uplinks"
     await store.heartbeat("a", {}, 60)
-    await store.uplinks_changed("a", [7], [])
+    await store.uplinks_changed("a", [7, 9], [])
     clock.now += 1
     await instance.beat_and_settle()
-    assert (reads, instance.preferred) == (1, {"7": "a"})
+    assert (reads, instance.preferred) == (["whole"], {"7": "a", "9": "a"})
     clock.now += 1
     await instance.beat_and_settle()
-    assert reads == 1, "nothing changed"
+    assert reads == ["whole"], "nothing changed"
     await store.uplinks_changed("a", [8], [7])
+    await store.uplinks_changed("c", [9], [])
+    await instance.uplink_changed(10, opened=True)  # not recorded yet
     clock.now += 1
     await instance.beat_and_settle()
-    assert (reads, instance.preferred) == (2, {"8": "a"})
+    assert reads == ["whole", "changes"]
+    assert instance.preferred == {"8": "a", "9": "c", "10": "b"}
+    assert instance.preferred == {
+        twin.decode(): holder.decode() for twin, holder in (await async_redis.hgetall(keys.UPLINKS)).items()
+    } | {"10": "b"}
+
+
+async def test_an_instance_that_missed_more_changes_than_redis_keeps_reads_the_uplinks_whole(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = InstanceStore(async_redis)
+    clock = FakeClock()
+    instance = Instance(store, Leases("b"), lease_s=LEASE_S, queues=[], pending=no_destinations, clock=clock)
+    await store.heartbeat("a", {}, 60)
+    await store.uplinks_changed("a", [1], [])
+    await instance.beat_and_settle()
+    assert instance.preferred == {"1": "a"}
+    for twin in range(2, UPLINK_CHANGES_KEPT + 3):
+        await store.uplinks_changed("a", [twin], [twin - 1])
+    assert await async_redis.llen(keys.UPLINK_CHANGES) == UPLINK_CHANGES_KEPT
+    assert await store.uplink_changes_since(1) is None
+    clock.now += 1
+    await instance.beat_and_settle()
+    assert instance.preferred == {str(UPLINK_CHANGES_KEPT + 2): "a"}
+    # Redis lost them (restarted empty): the map is read whole again, whatever the version says.
+    await async_redis.flushdb()
+    await store.heartbeat("a", {}, 60)
+    await store.uplinks_changed("a", [5], [])
+    clock.now += 1
+    await instance.beat_and_settle()
+    assert instance.preferred == {"5": "a"}
 
 
 async def test_a_slow_read_of_the_others_uplinks_spaces_the_next_ones(async_redis: aioredis.Redis) -> None:
     store = InstanceStore(async_redis)
     reads = 0
-    read_holders = store.uplink_holders
+    read_whole, read_changes = store.uplink_holders, store.uplink_changes_since
     read_s = 0.05
 
-    async def slow() -> dict[str, str]:
+    async def slow() -> tuple[dict[str, str], int]:
         nonlocal reads
         reads += 1
         await asyncio.sleep(read_s)  # as a map of 100,000 edges takes
-        return await read_holders()
+        return await read_whole()
+
+    async def slow_changes(version: int) -> list[UplinkChange] | None:
+        nonlocal reads
+        reads += 1
+        await asyncio.sleep(read_s)  # as the changes of a herd of 100,000 edges may take
+        return await read_changes(version)
 
     store.uplink_holders = slow  # type: ignore[method-assign]
+    store.uplink_changes_since = slow_changes  # type: ignore[method-assign]
     clock = FakeClock()
     instance = Instance(store, Leases("b"), lease_s=LEASE_S, queues=[], pending=no_destinations, clock=clock)
     await store.heartbeat("a", {}, 60)
