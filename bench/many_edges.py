@@ -10,7 +10,9 @@ CPU meanwhile, and how often its event loop was late by more than 100 ms while t
 the bound of its histogram bucket: ``msgbus_event_loop_lag_seconds``). Prints one JSON line per N.
 
 ``--one-way``: the requests go from the cloud to the edges only (the cloud's tail without the edges'
-requests beside it).
+requests beside it). Beside the callers' p50 and p99, the requests the cloud itself took over 25 ms for
+(accepted to answered: ``requests_cloud_round_trips_over_25ms``, and the bound the slowest was under).
+``--no-restarts``: the run ends after the requests.
 
 ``--two-processes``: the same for a cloud site of two processes sharing its port (``--reuse-port``), and one
 of them killed -9: how many of the edges were on it, and the time until every one of them is back on the
@@ -60,6 +62,9 @@ SETTLE_S = 2.0
 LAG = "msgbus_event_loop_lag_seconds"
 GC = "msgbus_gc_pause_seconds"
 STALL_S = 0.1
+# The cloud's own time for a request (accepted to answered), apart from its callers' and its Redis's.
+ROUND_TRIP = "msgbus_round_trip_seconds"
+SLOW_ROUND_TRIP_S = 0.025
 
 
 @dataclass
@@ -280,6 +285,7 @@ def run(row: dict[str, Any], args: argparse.Namespace) -> None:
         try:
             replies_before = fleet.stats()["replies"]
             lag, gc_pauses = histogram(cloud, LAG), histogram(cloud, GC)
+            round_trips = histogram(cloud, ROUND_TRIP)
             if not args.one_way:
                 fleet.send(CLOUD_CMD, args.rate, int(args.rate * args.duration))
             row |= asyncio.run(cloud_calls(redis_url, fleet.ids, args.rate, args.duration))
@@ -293,9 +299,11 @@ def run(row: dict[str, Any], args: argparse.Namespace) -> None:
                     "edge_to_cloud_unanswered": expected - stats["replies"] - stats["requests_refused"],
                 }
             row |= {f"requests_{key}": value for key, value in loop_stalls(cloud, lag, gc_pauses).items()}
+            slow, worst = stalls(round_trips, histogram(cloud, ROUND_TRIP), SLOW_ROUND_TRIP_S)
+            row |= {"requests_cloud_round_trips_over_25ms": slow, "requests_cloud_round_trip_under_s": worst}
         finally:
             stop_process(service)
-        for how in ("sigterm", "kill9"):
+        for how in ("sigterm", "kill9") if args.restarts else ():
             if how == "sigterm":
                 cloud.stop()
             else:
@@ -378,6 +386,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--two-processes", action="store_true", help="a cloud of two processes, one of them killed -9"
+    )
+    parser.add_argument(
+        "--no-restarts",
+        dest="restarts",
+        action="store_false",
+        help="end after the requests (no SIGTERM, kill -9)",
     )
     args = parser.parse_args()
     for count in (int(n) for n in args.edges.split(",")):
