@@ -106,6 +106,8 @@ bench: setup
 	$(BIN)/python -m bench.real_edges
 	$(BIN)/python -m bench.wan $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 	$(BIN)/python -m bench.thin_link $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
+	$(BIN)/python -m bench.thin_link --echo --both-ways --big-mib 1 --small-every-ms 20 $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
+	$(BIN)/python -m bench.thin_link --echo --kbit 512 --big-mib 1 --small-every-ms 200 $(if $(PEER_BIN),--peer-bin $(PEER_BIN))
 
 demo: setup
 	$(BIN)/msgbus demo

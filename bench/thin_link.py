@@ -3,14 +3,17 @@ way (2 Mbit/s by default), msgbus's pair and go-rmb's pair (``--peer-bin``) on t
 other in the same run.
 
 For each system: a few small requests to open what it keeps open; then a big request (``--big-mib``, 8 MiB
-by default; its reply is small: the size and digest of what the service got) alone, timed from push to
-reply; then the same big request again while the caller's site sends a small request (``--small-bytes``)
-every ``--small-every-ms`` to an echo service beside it, from a little before the big one is pushed until
-its reply is back. Reported: the small requests' latency while the big one was on its way (p50, p99, max),
-the big one's time against its time alone, and every request that got no reply, a second reply, a reply
-with another payload, an error, or was executed twice by the service.
+by default; its reply is small: the size and digest of what the service got, or with ``--echo`` the request
+itself, as big) alone, timed from push to reply; then the same big request again while the caller's site
+sends a small request (``--small-bytes``) every ``--small-every-ms`` to an echo service beside it, from a
+little before the big one is pushed until its reply is back. With ``--both-ways`` the callee's site sends the
+caller's an equally big request at the same moments (alone, and beside the small ones), so that big
+messages cross the cable each way at once. Reported: the small requests' latency while the big ones were on
+their way (p50, p99, max), each big one's time against its time alone, and every request that got no reply,
+a second reply, a reply with another payload, an error, or was executed twice by a service.
 
-    python -m bench.thin_link [--kbit 2000] [--big-mib 8] [--peer-bin GO_RMB] [--json]
+    python -m bench.thin_link [--kbit 2000] [--big-mib 8] [--echo] [--both-ways] [--small-every-ms 150]
+                              [--peer-bin GO_RMB] [--json]
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from bench.bed_sites import CALLEE_TWIN, Pair, go_rmb_pair, keep_logs, msgbus_pair, service, two_hosts
+from bench.bed_sites import (
+    CALLEE_TWIN,
+    CALLER_TWIN,
+    Pair,
+    go_rmb_pair,
+    keep_logs,
+    msgbus_pair,
+    service,
+    two_hosts,
+)
 from testing.netbed import require_netbed
 from wire import keys
 from wire.envelope import Envelope, encode_payload
@@ -59,6 +71,10 @@ class Settings:
     big_bytes: int = 8 * 1024 * 1024
     small_bytes: int = 64
     small_every_s: float = 0.15
+    # The big request's reply is the request itself (else its size and digest).
+    echo: bool = False
+    # The callee's site sends the caller's an equally big request at the same moments.
+    both_ways: bool = False
     # How long the big request may take at most (0: three times its time at the link's rate, plus a minute).
     big_limit_s: float = 0.0
     key_type: str = "ed25519"
@@ -68,8 +84,19 @@ class Settings:
     def big_limit(self) -> float:
         if self.big_limit_s > 0:
             return self.big_limit_s
-        # base64 in JSON: 4/3 of the payload crosses the link.
-        return 3 * self.big_bytes * 4 / 3 * 8 / (self.kbit * 1000) + 60
+        # base64 in JSON: 4/3 of the payload crosses the link (twice with an echo and both ways).
+        crossings = 2 if self.echo and self.both_ways else 1
+        return 3 * crossings * self.big_bytes * 4 / 3 * 8 / (self.kbit * 1000) + 60
+
+    def mix(self) -> str:
+        """The mix in words, for the table."""
+        reply = "its echo" if self.echo else "a small reply"
+        ways = ", one each way at once" if self.both_ways else ""
+        rate = 1 / self.small_every_s
+        return (
+            f"{self.big_bytes / 2**20:g} MiB with {reply}{ways}, small requests at {rate:g}/s, "
+            f"{self.kbit} kbit/s each way"
+        )
 
 
 def _digest(data: bytes) -> str:
@@ -80,9 +107,10 @@ def small_payload(number: int, size: int) -> bytes:
     return b"%d:" % number + b"x" * size
 
 
-def big_answer(number: int, payload: bytes) -> bytes:
-    """The service's reply to a big request: its number, the size and the digest of what it got."""
-    return f"{number}:{len(payload)}:{_digest(payload)}".encode()
+def big_answer(number: int, payload: bytes, *, echo: bool = False) -> bytes:
+    """The service's reply to a big request: its number, the size and the digest of what it got; with
+    ``echo``, the request itself."""
+    return payload if echo else f"{number}:{len(payload)}:{_digest(payload)}".encode()
 
 
 @dataclass
@@ -96,9 +124,11 @@ class Calls:
     """Requests to ``cmd`` at twin 2 from the caller's site, numbered from 0 (the number opens the payload),
     their replies on one return queue, collected with the time each came."""
 
-    def __init__(self, redis_url: str, cmd: str) -> None:
+    def __init__(self, redis_url: str, cmd: str, *, dst: int = CALLEE_TWIN, echo: bool = False) -> None:
         self.redis_url = redis_url
         self.cmd = cmd
+        self.dst = dst
+        self.echo = echo
         self.ret = f"bench.thin.{cmd}.{uuid.uuid4().hex[:8]}"
         self.pushed_at: dict[int, float] = {}
         self.expected: dict[int, bytes] = {}
@@ -106,13 +136,13 @@ class Calls:
         self.foreign = 0
 
     def envelope(self, number: int, payload: bytes, exp_s: int) -> bytes:
-        self.expected[number] = big_answer(number, payload) if self.cmd == BIG else payload
+        self.expected[number] = big_answer(number, payload, echo=self.echo) if self.cmd == BIG else payload
         return Envelope(
             uid=str(number),
             cmd=self.cmd,
             exp=exp_s,
             dat=encode_payload(payload),
-            dst=(CALLEE_TWIN,),
+            dst=(self.dst,),
             ret=self.ret,
             now=int(time.time()),
         ).encode()
@@ -177,14 +207,18 @@ def spread_ms(seconds: Sequence[float]) -> dict[str, float | None]:
 
 
 async def one_system(pair: Pair, settings: Settings) -> dict[str, Any]:
-    """The big request alone, then with the small requests beside it; the figures and the audit."""
-    caller_url = pair.redis_urls[0]
-    small, big = Calls(caller_url, SMALL), Calls(caller_url, BIG)
+    """The big request(s) alone, then with the small requests beside them; the figures and the audit."""
+    caller_url, callee_url = pair.redis_urls
+    small = Calls(caller_url, SMALL)
+    bigs = [Calls(caller_url, BIG, echo=settings.echo)]
+    if settings.both_ways:
+        bigs.append(Calls(callee_url, BIG, dst=CALLER_TWIN, echo=settings.echo))
     big_payload = b"0:" + b"x" * (settings.big_bytes - 2)
     limit_s = settings.big_limit()
     conn = aioredis.Redis.from_url(caller_url)
+    big_conns = [conn, *(aioredis.Redis.from_url(big.redis_url) for big in bigs[1:])]
     stop = asyncio.Event()
-    collectors = [asyncio.create_task(calls.collect(stop)) for calls in (small, big)]
+    collectors = [asyncio.create_task(calls.collect(stop)) for calls in (small, *bigs)]
     numbers = iter(range(1_000_000))
     try:
         for _ in range(WARM_UP_REQUESTS):
@@ -193,16 +227,26 @@ async def one_system(pair: Pair, settings: Settings) -> dict[str, Any]:
                 conn, number, small.envelope(number, small_payload(number, settings.small_bytes), 60)
             )
             await _until(small.replied(number), 60.0, "a warm-up reply")
-        await big.push(conn, 0, big.envelope(0, big_payload, int(limit_s)))
-        await _until(big.replied(0), limit_s, "the big request's reply alone")
+        alone = [big.envelope(0, big_payload, int(limit_s)) for big in bigs]
+        await asyncio.gather(
+            *(big.push(c, 0, raw) for big, c, raw in zip(bigs, big_conns, alone, strict=True))
+        )
+        await _until(
+            lambda: all(big.replied(0)() for big in bigs), limit_s, "the big requests' replies alone"
+        )
         await asyncio.sleep(PAUSE_S)
         # Made before the small requests start: encoding 8 MiB would hold up their schedule.
-        raw_big = big.envelope(1, b"1:" + big_payload[2:], int(limit_s))
+        beside = [big.envelope(1, b"1:" + big_payload[2:], int(limit_s)) for big in bigs]
         pacer = asyncio.create_task(_pace(conn, small, numbers, settings))
         try:
             await asyncio.sleep(LEAD_S)
-            await big.push(conn, 1, raw_big)
-            await _until(big.replied(1), limit_s, "the big request's reply beside the small ones")
+            pushes = (big.push(c, 1, raw) for big, c, raw in zip(bigs, big_conns, beside, strict=True))
+            await asyncio.gather(*pushes)
+            await _until(
+                lambda: all(big.replied(1)() for big in bigs),
+                limit_s,
+                "the big requests' replies beside the small ones",
+            )
         finally:
             pacer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -213,8 +257,9 @@ async def one_system(pair: Pair, settings: Settings) -> dict[str, Any]:
     finally:
         stop.set()
         await asyncio.gather(*collectors)
-        await conn.aclose()
-    return _figures(small, big)
+        for each in big_conns:
+            await each.aclose()
+    return _figures(small, bigs)
 
 
 async def _pace(conn: aioredis.Redis, small: Calls, numbers: Iterator[int], settings: Settings) -> None:
@@ -238,35 +283,40 @@ async def _until(condition: Callable[[], bool], timeout_s: float, what: str) -> 
     return True
 
 
-def _figures(small: Calls, big: Calls) -> dict[str, Any]:
-    """The big request's times (to its first reply, which may be an error), the small requests' latency while
-    it was on its way (pushed between its push and its reply), and the audit of both."""
-    alone, beside = big.took_s(0), big.took_s(1)
-    pushed, answered = big.pushed_at.get(1), big.replies.get(1)
+def _figures(small: Calls, bigs: Sequence[Calls]) -> dict[str, Any]:
+    """Each big request's times (to its first reply, which may be an error: ``big_*`` the caller's, and
+    ``reverse_*`` the callee's with ``--both-ways``), the small requests' latency while they were on their
+    way (pushed between the first big one's push and the last one's reply), and the audit of all."""
+    figures: dict[str, Any] = {}
+    window: list[float] = []
+    for name, big in zip(("big", "reverse"), bigs, strict=False):
+        alone, beside = big.took_s(0), big.took_s(1)
+        pushed, answered = big.pushed_at.get(1), big.replies.get(1)
+        if pushed is not None:
+            window += [pushed, answered[0].at if answered else float("inf")]
+        errors = [found[0].err if (found := big.replies.get(number)) else None for number in (0, 1)]
+        delivered = alone is not None and beside is not None and not any(errors)
+        figures |= {
+            f"{name}_alone_s": round(alone, 2) if alone is not None else None,
+            f"{name}_alone_error": errors[0] or None,
+            f"{name}_beside_small_s": round(beside, 2) if beside is not None else None,
+            f"{name}_beside_small_error": errors[1] or None,
+            f"{name}_ratio": round(beside / alone, 2) if delivered and alone and beside else None,
+            name: big.audit(),
+        }
     during = []
-    if pushed is not None:
-        end = answered[0].at if answered else float("inf")
+    if window:
+        start, end = min(window), max(window)
         during = [
             took
             for number, at in small.pushed_at.items()
-            if pushed <= at <= end and (took := small.took_s(number)) is not None
+            if start <= at <= end and (took := small.took_s(number)) is not None
         ]
-    errors = [found[0].err if (found := big.replies.get(number)) else None for number in (0, 1)]
-    delivered = alone is not None and beside is not None and not any(errors)
-    return {
-        "big_alone_s": round(alone, 2) if alone is not None else None,
-        "big_alone_error": errors[0] or None,
-        "big_beside_small_s": round(beside, 2) if beside is not None else None,
-        "big_beside_small_error": errors[1] or None,
-        "big_ratio": round(beside / alone, 2) if delivered and alone and beside else None,
-        "small_during_big": spread_ms(during),
-        "small": small.audit(),
-        "big": big.audit(),
-    }
+    return {**figures, "small_during_big": spread_ms(during), "small": small.audit()}
 
 
-def _big_cell(found: dict[str, Any], phase: str) -> str:
-    took, error = found[f"big_{phase}_s"], found[f"big_{phase}_error"]
+def _big_cell(found: dict[str, Any], name: str, phase: str) -> str:
+    took, error = found[f"{name}_{phase}_s"], found[f"{name}_{phase}_error"]
     if took is None:
         return "no reply"
     return f"error after {took} s" if error else f"{took} s"
@@ -275,9 +325,10 @@ def _big_cell(found: dict[str, Any], phase: str) -> str:
 # --- the service ------------------------------------------------------------------------------------------
 
 
-async def serve(redis_url: str, counts_path: Path, workers: int = 4) -> None:
-    """Echo ``SMALL`` requests, answer ``BIG`` ones with their size and digest; on SIGTERM, write how many
-    times each request (by command and number) was executed to ``counts_path``."""
+async def serve(redis_url: str, counts_path: Path, *, echo: bool = False, workers: int = 4) -> None:
+    """Echo ``SMALL`` requests, answer ``BIG`` ones with their size and digest (or, with ``echo``, with
+    themselves); on SIGTERM, write how many times each request (by command and number) was executed to
+    ``counts_path``."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -295,7 +346,7 @@ async def serve(redis_url: str, counts_path: Path, workers: int = 4) -> None:
                 payload = request.payload
                 number = int(payload.partition(b":")[0])
                 executions[f"{cmd}:{number}"] += 1
-                answer = big_answer(number, payload) if cmd == BIG else payload
+                answer = big_answer(number, payload, echo=echo) if cmd == BIG else payload
                 reply = request.replace(
                     src=request.dst[0], dst=(request.src,), dat=encode_payload(answer), sig=""
                 )
@@ -332,17 +383,28 @@ def run(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def _run_pair(pair: Pair, settings: Settings) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="msgbus-thin-") as workdir:
-        counts_path = Path(workdir) / "executions.json"
-        with service("bench.thin_link", "--serve", pair.redis_urls[1], "--counts", str(counts_path)):
-            figures = asyncio.run(one_system(pair, settings))
-        try:
-            executions = json.loads(counts_path.read_text())
-        except (OSError, ValueError):
-            executions = None
-    figures["executed_twice"] = None if executions is None else sum(1 for n in executions.values() if n > 1)
+    # The callee's services, and with --both-ways the caller's too.
+    sites = pair.redis_urls[::-1] if settings.both_ways else pair.redis_urls[1:]
+    with tempfile.TemporaryDirectory(prefix="msgbus-thin-") as workdir, contextlib.ExitStack() as services:
+        counts = [Path(workdir) / f"executions-{n}.json" for n in range(len(sites))]
+        for url, path in zip(sites, counts, strict=True):
+            args = ["--serve", url, "--counts", str(path), *(["--echo"] if settings.echo else [])]
+            services.enter_context(service("bench.thin_link", *args))
+        figures = asyncio.run(one_system(pair, settings))
+        services.close()
+        twice = [_executed_twice(path) for path in counts]
+    figures["executed_twice"] = None if None in twice else sum(n for n in twice if n is not None)
     figures["daemon_warnings"] = _warnings(pair)
     return figures
+
+
+def _executed_twice(counts_path: Path) -> int | None:
+    """How many requests a service executed more than once, as it wrote (None: it wrote nothing)."""
+    try:
+        executions = json.loads(counts_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return sum(1 for n in executions.values() if n > 1)
 
 
 def _warnings(pair: Pair) -> dict[str, Any]:
@@ -360,29 +422,47 @@ def _warnings(pair: Pair) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]], settings: Settings) -> str:
+    other_way = " | the other way alone / beside (ratio)" if settings.both_ways else ""
     lines = [
-        f"| system | big request ({settings.big_bytes / 2**20:g} MiB) alone | beside the small ones | ratio "
-        "| small requests during it | small p50 / p99 / max ms | lost | doubled | executed twice | errors |",
-        "|---|---:|---:|---:|---:|---:|---|---|---|---|",
+        f"{settings.mix()}:",
+        "",
+        f"| system | big request ({settings.big_bytes / 2**20:g} MiB) alone | beside the small ones | ratio"
+        f"{other_way} | small requests during it | small p50 / p99 / max ms | lost | doubled "
+        "| executed twice | errors |",
+        "|---|---:|---:|---:|" + ("---:|" if settings.both_ways else "") + "---:|---:|---|---|---|---|",
     ]
     for system, found in results.items():
         spread = found["small_during_big"]
-        small, big = found["small"], found["big"]
+        small = found["small"]
+        bigs = [found["big"], *([found["reverse"]] if "reverse" in found else [])]
+        first_error = next((big["first_error"] for big in bigs if big["first_error"]), None)
         cells = [
             system,
-            _big_cell(found, "alone"),
-            _big_cell(found, "beside_small"),
-            f"{found['big_ratio']}x" if found["big_ratio"] is not None else "–",
+            _big_cell(found, "big", "alone"),
+            _big_cell(found, "big", "beside_small"),
+            _ratio(found["big_ratio"]),
+            *(
+                [
+                    f"{_big_cell(found, 'reverse', 'alone')} / {_big_cell(found, 'reverse', 'beside_small')} "
+                    f"({_ratio(found['reverse_ratio'])})"
+                ]
+                if settings.both_ways
+                else []
+            ),
             spread["count"],
             f"{spread['p50_ms']} / {spread['p99_ms']} / {spread['max_ms']}",
-            f"{small['lost']} small, {big['lost']} big",
-            f"{small['doubled']} small, {big['doubled']} big",
+            f"{small['lost']} small, {sum(big['lost'] for big in bigs)} big",
+            f"{small['doubled']} small, {sum(big['doubled'] for big in bigs)} big",
             found["executed_twice"],
-            f"{small['errors']} small, {big['errors']} big"
-            + (f": {big['first_error']}" if big["first_error"] else ""),
+            f"{small['errors']} small, {sum(big['errors'] for big in bigs)} big"
+            + (f": {first_error}" if first_error else ""),
         ]
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines)
+
+
+def _ratio(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{ratio}x"
 
 
 SMALL_P99_LIMIT_MS = 1000.0
@@ -394,25 +474,32 @@ def verdicts(results: dict[str, dict[str, Any]]) -> str:
     ours, peer = results.get("msgbus"), results.get("go-rmb")
     if ours is None:
         return ""
-    p99 = ours["small_during_big"]["p99_ms"]
+    p50, p99 = ours["small_during_big"]["p50_ms"], ours["small_during_big"]["p99_ms"]
     lines = ["| target | measured | met |", "|---|---|---|"]
     lines.append(
         f"| small requests' p99 <= 1 s | {p99} ms | {_yes(p99 is not None and p99 <= SMALL_P99_LIMIT_MS)} |"
     )
     if peer is not None:
-        theirs = peer["small_during_big"]["p99_ms"]
+        their_p50, their_p99 = peer["small_during_big"]["p50_ms"], peer["small_during_big"]["p99_ms"]
         failed = (
             " (go-rmb's big request failed: its window is the failed attempt)"
-            if peer["big"]["errors"]
+            if any(peer[name]["errors"] for name in ("big", "reverse") if name in peer)
             else ""
         )
-        met = p99 is not None and theirs is not None and p99 <= theirs
-        lines.append(f"| ... no worse than go-rmb's | {p99} against {theirs} ms{failed} | {_yes(met)} |")
-    ratio = ours["big_ratio"]
-    in_time = ratio is not None and ratio <= BIG_RATIO_LIMIT
-    lines.append(f"| big request <= 1.2x its time alone | {_cell(ratio)}x | {_yes(in_time)} |")
+        met = p99 is not None and their_p99 is not None and p99 <= their_p99
+        lines.append(
+            f"| ... p99 no worse than go-rmb's | {p99} against {their_p99} ms{failed} | {_yes(met)} |"
+        )
+        met = p50 is not None and their_p50 is not None and p50 <= their_p50
+        lines.append(f"| ... p50 no worse than go-rmb's | {p50} against {their_p50} ms | {_yes(met)} |")
+    bigs = ["big", *(["reverse"] if "reverse" in ours else [])]
+    for name in bigs:
+        ratio = ours[f"{name}_ratio"]
+        in_time = ratio is not None and ratio <= BIG_RATIO_LIMIT
+        which = "big request" if name == "big" else "the other way's big request"
+        lines.append(f"| {which} <= 1.2x its time alone | {_cell(ratio)}x | {_yes(in_time)} |")
     wrong = sum(
-        ours[kind][key] for kind in ("small", "big") for key in ("lost", "doubled", "damaged", "errors")
+        ours[kind][key] for kind in ("small", *bigs) for key in ("lost", "doubled", "damaged", "errors")
     )
     wrong += ours["executed_twice"] or 0
     what = f"{wrong} lost, doubled, damaged, failed or executed twice"
@@ -436,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--big-mib", type=float, default=8.0, help="the big request's payload, MiB")
     parser.add_argument("--small-bytes", type=int, default=Settings.small_bytes)
     parser.add_argument("--small-every-ms", type=float, default=Settings.small_every_s * 1000)
+    parser.add_argument("--echo", action="store_true", help="the big request's reply is as big as itself")
+    parser.add_argument("--both-ways", action="store_true", help="a big request each way at once")
     parser.add_argument(
         "--big-limit", type=float, default=0.0, help="seconds the big request may take (0: auto)"
     )
@@ -447,13 +536,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--counts", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        asyncio.run(serve(args.serve, args.counts))
+        asyncio.run(serve(args.serve, args.counts, echo=args.echo))
         return
     settings = Settings(
         kbit=args.kbit,
         big_bytes=int(args.big_mib * 1024 * 1024),
         small_bytes=args.small_bytes,
         small_every_s=args.small_every_ms / 1000,
+        echo=args.echo,
+        both_ways=args.both_ways,
         big_limit_s=args.big_limit,
         key_type=args.key_type,
         peer_bin=args.peer_bin,
