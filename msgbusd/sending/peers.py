@@ -1127,7 +1127,8 @@ class Peers:
             peer.lease_going.set()
 
     def stopped(self, peer: Peer, lane: Lane) -> None:
-        """``peer``'s sender ended; a peer that is up is forgotten until it has something to send."""
+        """``peer``'s sender ended; a peer that is up rests a while if it idled out (:mod:`resting
+        <msgbusd.sending.resting>`), else it is forgotten until it has something to send."""
         if peer.lane is lane:
             peer.lane = None
             if self._peers.get(peer.twin) is peer and not peer.health.is_down:
