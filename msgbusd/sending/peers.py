@@ -54,7 +54,6 @@ from msgbusd.sending.large_messages import LargeMessages
 from msgbusd.sending.links import UPLINK_WAIT_S, Link, Links, send_envelopes
 from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
-from msgbusd.sending.resting import RestingPeers
 from msgbusd.sending.schedule import Schedule
 from msgbusd.sending.send_items import SendItem, SendItems
 from msgbusd.sending.way_back import WayBack, no_way_back
@@ -68,9 +67,8 @@ log = logging.getLogger("msgbusd.peers")
 
 # Entries sent at once at most.
 BATCH = 64
-# A sender with nothing to send stops after this long (a new one starts when something comes); its peer is
-# kept a while longer (msgbusd.sending.resting).
-IDLE_STOP_S = 2.0
+# A sender with nothing to send stops after this long (a new one starts when something comes).
+IDLE_STOP_S = 30.0
 # While a peer is down, the finished entries (given up, expired) at the head of its queue are dropped this
 # often, and after each give-up.
 TRIM_EVERY_S = 5.0
@@ -128,8 +126,6 @@ class Lane:
     trimmed_at: float = -math.inf
     # Idle, and asked to stop: another twin waits for the sender's place.
     give_way: bool = False
-    # The sender stopped because nothing came for IDLE_STOP_S (not to give its place away): its peer rests.
-    idled_out: bool = False
     # The entries of the last batch sent from Redis: the word that one of them was queued may come after.
     sent_from_queue: set[str] = field(default_factory=set)
 
@@ -313,7 +309,6 @@ class Peer:
             if peers.stopping.is_set():
                 return False
             has_work = bool(lane.fresh) or not lane.trusted or lane.recheck or self.large.busy
-            lane.idled_out = not has_work and not lane.wake.is_set()
             return has_work or (lane.wake.is_set() and not lane.give_way)
         finally:
             lane.give_way = False
@@ -981,9 +976,8 @@ class Peers:
         self._resolver = resolver
         self.sealer = sealer
         self._spawn = spawn
-        # Peers with a sender, peers that are down (their state outlives their sender), and those resting.
+        # Peers with a sender, and peers that are down (their state outlives their sender).
         self._peers: dict[int, Peer] = {}
-        self._resting = RestingPeers(self._forget)
         # What was queued for destinations whose lease is being claimed.
         self._claiming: dict[int, Kept] = {}
 
@@ -996,8 +990,7 @@ class Peers:
         now = self.clock()
         activity = self.activity.active_since(now - active_within_s)
         reports = []
-        busy = {twin for twin, peer in self._peers.items() if peer.lane is not None or peer.health.is_down}
-        for twin in sorted(busy | activity.keys()):
+        for twin in sorted(self._peers.keys() | activity.keys()):
             peer = self._peers.get(twin)
             health = peer.health.state() if peer is not None else UP
             reports.append(PeerReport.of(twin, health, activity.get(twin), now))
@@ -1034,7 +1027,6 @@ class Peers:
             if peer is None:
                 peer = self._peers[dst] = Peer(dst, self)
             peer.has_place = needs_place
-            self._resting.woke(dst)
             lane = peer.lane = Lane(trusted=alone and bool(items))
             self._spawn(peer.run(lane), f"sender to twin {dst}")
         if items is None:
@@ -1127,29 +1119,16 @@ class Peers:
             peer.lease_going.set()
 
     def stopped(self, peer: Peer, lane: Lane) -> None:
-        """``peer``'s sender ended; a peer that is up rests a while if it idled out (:mod:`resting
-        <msgbusd.sending.resting>`), else it is forgotten until it has something to send."""
+        """``peer``'s sender ended; a peer that is up is forgotten until it has something to send."""
         if peer.lane is lane:
             peer.lane = None
-            if self._peers.get(peer.twin) is peer and not peer.health.is_down:
-                if lane.idled_out and self.holds(peer.twin):
-                    self._resting.rest(peer.twin)
-                else:
-                    self._forget(peer.twin)
-            elif self._peers.get(peer.twin) is peer and not self.holds(peer.twin):
+            gone = not peer.health.is_down or not self.holds(peer.twin)
+            if gone and self._peers.get(peer.twin) is peer:
                 del self._peers[peer.twin]
+                if self.leases is not None and not self.stopping.is_set():
+                    # Claimed again when there is something to send to it.
+                    self.leases.free(str(peer.twin))
             self.leave_place(peer)
-
-    def _forget(self, twin: int) -> None:
-        """``twin``'s peer, which answers and has no sender (it gave its place away, or rested long
-        enough), is forgotten, and its lease let go (claimed again when there is something to send to it)."""
-        peer = self._peers.get(twin)
-        if peer is None or peer.lane is not None or peer.health.is_down:
-            return
-        del self._peers[twin]
-        self._resting.woke(twin)
-        if self.leases is not None and not self.stopping.is_set():
-            self.leases.free(str(twin))
 
     def _take_place(self, dst: int, items: Sequence[SendItem] | None, alone: bool) -> bool:
         """A sender place for ``dst``, or False: it waits in line with ``items`` (just queued for it; kept
@@ -1210,17 +1189,14 @@ class Peers:
     def _start_waiting(self, dst: int, kept: Kept) -> None:
         """Start the sender of ``dst``, which waited for a place: it sends what was kept from memory, or
         reads its work from Redis."""
-        peer = self._peers.get(dst)
-        if (peer is not None and (peer.lane is not None or peer.health.is_down)) or not self.holds(dst):
+        if dst in self._peers or not self.holds(dst):
             # It got a sender meanwhile, or is known down (which needs no place), or another instance sends
             # to it now: the place goes back, and it is kicked as any twin with new work (what was kept may
             # have been sent since: its sender reads the queue).
             self._free_places += 1
             self.kick(dst)
             return
-        if peer is None:
-            peer = self._peers[dst] = Peer(dst, self)
-        self._resting.woke(dst)
+        peer = self._peers[dst] = Peer(dst, self)
         peer.has_place = True
         lane = peer.lane = Lane(trusted=kept.alone, recheck=kept.recheck)
         if kept.items is not None:

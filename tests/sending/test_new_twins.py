@@ -77,25 +77,3 @@ def test_a_lone_message_leaves_no_connection_open_while_a_busy_twin_keeps_its_ow
     finally:
         harness.stop()
         cluster.cleanup()
-
-
-def test_a_sender_stops_soon_after_its_last_message_and_its_twin_keeps_its_lease_a_while() -> None:
-    harness = ManyTwinsProcess(count=3)
-    cluster = LocalCluster(size=1, extra_twins=harness.twins()).start()
-    try:
-        harness.start(cluster.twins_file)
-        site, twin = cluster.sites[0], harness.up_ids[0]
-        with Client(cluster.redis[0].url) as client, redis.Redis.from_url(cluster.redis[0].url) as conn:
-            assert client.wait(client.send(twin, CMD, b"first", exp=60), timeout=60)[0].error == ""
-            # Nothing more for it: its sender (a task and what it waits on) ends within seconds, not half a
-            # minute later.
-            wait_until(lambda: metric(site, "msgbus_senders") == 0, 10, "the idle sender to stop")
-            # Its peer rests, with its lease, while another twin's is claimed (and what is let go is let go
-            # in Redis in the same round): the next message to it needs no claim.
-            other = harness.up_ids[1]
-            assert client.wait(client.send(other, CMD, b"other", exp=60), timeout=60)[0].error == ""
-            assert conn.hget(keys.OWNERS, str(twin)) is not None
-            assert client.wait(client.send(twin, CMD, b"again", exp=60), timeout=60)[0].error == ""
-    finally:
-        harness.stop()
-        cluster.cleanup()

@@ -38,8 +38,8 @@ def test_twins_beyond_the_senders_places_wait_in_line_and_are_all_served() -> No
                     twin: client.send(twin, CMD, b"%d" % round_number, exp=60, retries=0)
                     for twin in up + down
                 }
-                # A sender idles 2 s before it stops on its own: 200 twins through 5 places would take 80 s
-                # that way; far less means idle senders gave their places away.
+                # A sender idles 30 s before it stops on its own: 200 twins through 5 places in far less
+                # than that means idle senders gave their places away.
                 replies = {twin: client.wait(ret, timeout=25)[0] for twin, ret in rets.items()}
                 assert {twin: (replies[twin].error, replies[twin].data) for twin in up} == {
                     twin: ("", b"%d" % round_number) for twin in up
