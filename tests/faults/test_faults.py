@@ -4,6 +4,7 @@ executed twice. The figures of the last run are in docs/reliability.md (``make f
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -154,6 +155,13 @@ def test_5_sender_redis_restarted() -> None:
 
 def test_6_service_crashes_mid_request(plain_run: FaultRun) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="msgbus-crash-"))
+    try:
+        service_crashes_mid_request(plain_run, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def service_crashes_mid_request(plain_run: FaultRun, workdir: Path) -> None:
     log_file = workdir / "executions.log"
     crash_at = str(REQUESTS // 2)
     command = [
