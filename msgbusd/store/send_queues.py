@@ -43,7 +43,8 @@ else
     local aside = {}
     for i = 1, k do aside[ARGV[4 + n + i]] = true end
     local matched = 0
-    for i = 1, math.min(#window, n + k) do
+    for i = 1, #window do
+      if matched == n then break end
       local entry = window[i]
       if not aside[entry] then
         matched = matched + 1

@@ -140,6 +140,20 @@ async def test_sent_around_large_messages_on_their_way_leaves_them_where_they_ar
     assert await store.pending_destinations() == []
 
 
+async def test_a_large_message_queued_after_the_batch_sent_does_not_put_it_out_of_step(
+    async_redis: aioredis.Redis,
+) -> None:
+    store = Store(async_redis)
+    queue = keys.send_queue(2)
+    # A large reply (rep:big) was queued after the small requests of the batch, and is on its way.
+    await async_redis.rpush(queue, "req:big", "req:a", "req:b", "req:c", "req:d", "rep:big", "req:e")
+    await async_redis.sadd(keys.DESTINATIONS, 2)
+    assert await store.sent(2, [], exact=["req:a", "req:b"], ahead=["req:big", "rep:big"]) is True
+    assert await async_redis.lrange(queue, 0, -1) == [
+        b"req:big", b"req:c", b"req:d", b"rep:big", b"req:e"
+    ]  # fmt: skip
+
+
 async def test_awaited_answers_name_each_twin_with_its_last_deadline_not_expired(
     async_redis: aioredis.Redis,
 ) -> None:
