@@ -13,7 +13,7 @@ their way (p50, p99, max), each big one's time against its time alone, and every
 a second reply, a reply with another payload, an error, or was executed twice by a service.
 
     python -m bench.thin_link [--kbit 2000] [--big-mib 8] [--echo] [--both-ways] [--small-every-ms 150]
-                              [--peer-bin GO_RMB] [--json]
+                              [--peer-bin GO_RMB] [--trace DIR] [--json]
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ class Settings:
     key_type: str = "ed25519"
     peer_bin: str | None = None
     logs_dir: Path | None = None
+    # Each request's push and latency, by system, as CSV files in this directory.
+    trace_dir: Path | None = None
 
     def big_limit(self) -> float:
         if self.big_limit_s > 0:
@@ -259,7 +261,23 @@ async def one_system(pair: Pair, settings: Settings) -> dict[str, Any]:
         await asyncio.gather(*collectors)
         for each in big_conns:
             await each.aclose()
+    if settings.trace_dir is not None:
+        write_trace(settings.trace_dir / f"thin-{pair.system}.csv", small, bigs)
     return _figures(small, bigs)
+
+
+def write_trace(path: Path, small: Calls, bigs: Sequence[Calls]) -> None:
+    """One line per request: which (small, big, reverse), its number, when it was pushed (seconds from the
+    first push) and how long its first reply took (empty: none came)."""
+    calls = [("small", small), *zip(("big", "reverse"), bigs, strict=False)]
+    start = min(at for _, each in calls for at in each.pushed_at.values())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        out.write("kind,number,pushed_s,took_s\n")
+        for kind, each in calls:
+            for number, at in sorted(each.pushed_at.items()):
+                took = each.took_s(number)
+                out.write(f"{kind},{number},{at - start:.3f},{'' if took is None else f'{took:.3f}'}\n")
 
 
 async def _pace(conn: aioredis.Redis, small: Calls, numbers: Iterator[int], settings: Settings) -> None:
@@ -531,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--key-type", default=Settings.key_type)
     parser.add_argument("--peer-bin", metavar="GO_RMB", help="also measure two go-rmb daemons of this build")
     parser.add_argument("--logs", type=Path, help="copy the daemons' logs into this directory")
+    parser.add_argument("--trace", type=Path, help="write each request's latency into this directory")
     parser.add_argument("--json", action="store_true", help="end with the figures as one JSON line")
     parser.add_argument("--serve", metavar="REDIS_URL", help=argparse.SUPPRESS)
     parser.add_argument("--counts", type=Path, help=argparse.SUPPRESS)
@@ -549,6 +568,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         key_type=args.key_type,
         peer_bin=args.peer_bin,
         logs_dir=args.logs,
+        trace_dir=args.trace,
     )
     reason = require_netbed()
     if reason is not None:

@@ -25,19 +25,24 @@ link works as without pacing (tests on real sockets say when a new version moved
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-# What the kernel holds of a link that is not sent yet, at most (about: it takes a write while below).
+# What the kernel holds of a link that is not sent yet, at most (about: it takes a write while below); on a
+# cable measured slow, as much as a part (FairWriter's limit_unsent).
 NOTSENT_LOWAT_BYTES = 16 * 1024
 # The user-space write buffer's high water mark: anything the kernel did not take makes the writer wait.
 WRITE_BUFFER_HIGH_BYTES = 0
 # aiohttp's WebSocket writer waits for the transport once it wrote more than this since it last did: after
 # every part, but not after a pong alone (its reader answers pings, and would wait for the writer's part).
 AIOHTTP_WAIT_AFTER_BYTES = 4 * 1024
+# Linux's ioctl for the bytes of a TCP socket not sent yet.
+SIOCOUTQNSD: int | None = 0x894B if sys.platform.startswith("linux") else None
 # The socket module has no name for it on some builds; 25 is Linux's.
 TCP_NOTSENT_LOWAT: int | None = getattr(
     socket, "TCP_NOTSENT_LOWAT", 25 if sys.platform.startswith("linux") else None
@@ -59,6 +64,27 @@ class Pacing:
     @property
     def applied(self) -> bool:
         return self.notsent_lowat and self.small_buffer and self.waits_each_message
+
+    def unsent_bytes(self) -> int | None:
+        """What the kernel holds of this connection that is not sent yet (None: it cannot say). A write the
+        socket's buffer has room for is taken whatever ``TCP_NOTSENT_LOWAT`` says (that limit only delays
+        the socket's being reported writable), so a writer that wants little unsent asks."""
+        if self.transport is None or SIOCOUTQNSD is None:
+            return None
+        sock = self.transport.get_extra_info("socket")
+        try:
+            answer = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+        except (OSError, AttributeError, ValueError):
+            return None
+        return int.from_bytes(answer, sys.byteorder, signed=True)
+
+    def limit_unsent(self, size: int) -> None:
+        """Let the kernel hold about ``size`` bytes unsent instead (a part: on a slow cable
+        :data:`NOTSENT_LOWAT_BYTES` is a quarter of a second); nothing where no limit was applied."""
+        if self.notsent_lowat and self.transport is not None:
+            sock = self.transport.get_extra_info("socket")
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, size)
 
     async def wait_drained(self) -> None:
         """Return once the transport below took all that was written."""

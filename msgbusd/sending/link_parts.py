@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import struct
 
-# The most a part carries: a small frame written after a large one waits for about this much.
+# The most a part carries (less on a slow cable: link_rate), and the largest frame written whole: a small
+# frame written after a large one waits for about one part.
 PART_BYTES = 16 * 1024
 # Frames a writer has in parts at once (the others wait for one of them to end), and a reader holds.
 PARTIAL_FRAMES = 8
@@ -47,9 +48,9 @@ def is_part(data: bytes) -> bool:
     return data[:1] == b"\x00"
 
 
-def part(part_id: int, frame: bytes, start: int) -> bytes:
-    """The part of ``frame`` (id ``part_id``) whose slice begins at ``start``."""
-    end = start + PART_BYTES
+def part(part_id: int, frame: bytes, start: int, size: int = PART_BYTES) -> bytes:
+    """The part of ``frame`` (id ``part_id``) whose slice begins at ``start``, ``size`` bytes at most."""
+    end = start + size
     flags = (FIRST if start == 0 else 0) | (LAST if end >= len(frame) else 0)
     return _HEADER.pack(_MARK, flags, part_id) + memoryview(frame)[start:end]
 

@@ -1,9 +1,14 @@
-"""The one writer of a link (:mod:`msgbusd.sending.links`): it takes turns between the frames waiting to be
-written, so that a large frame cannot hold up the small ones behind it.
+"""The one writer of a link (:mod:`msgbusd.sending.links`): it decides what goes on the cable next, so that
+a large frame cannot hold up the small ones behind it.
 
-Small frames (acks, small sends) are one stream, first come first written; each large frame, cut into parts
-(:mod:`msgbusd.sending.link_parts`), is a stream of its own. The writer writes one piece of each stream in
-turn, so a small frame waits for at most one part of each large frame being written. At most
+Small frames (acks, small sends) go first, first come first written: every small frame waiting is written
+before the next part of a large one, so a small frame waits for at most the one part being written, however
+many large frames, parts or small frames are queued. The large frames, cut into parts
+(:mod:`msgbusd.sending.link_parts`), share what is left in turns, a part each. A part is as long on the
+cable whatever its rate (:mod:`msgbusd.sending.link_rate`: the writer measures the rate while it is busy),
+and the next part is written only once the kernel holds less than a part unsent (``unsent``: a socket takes
+whatever its buffer has room for, megabytes on a thin cable, which a small frame written after would wait
+behind; ``limit_unsent`` is told the part size). At most
 :data:`~msgbusd.sending.link_parts.PARTIAL_FRAMES` large frames are written at once; the next ones wait for
 one of them to end. To a peer that does not read parts every frame is small: written whole, in order.
 
@@ -19,7 +24,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from msgbusd.sending.link_parts import PART_BYTES, PARTIAL_FRAMES, part
+from msgbusd.sending.link_rate import LinkRate
 from msgbusd.sending.link_sockets import LinkClosed
+
+# While the kernel holds more than a part unsent, the writer looks again after the time its excess takes
+# on the cable, within this (and a fifth of it).
+UNSENT_LOOK_S = 0.01
 
 
 class _Frame:
@@ -40,36 +50,41 @@ class _Frame:
     def finished(self) -> bool:
         return self.offset >= len(self.data)
 
-    def next_piece(self) -> bytes:
+    def next_piece(self, part_bytes: int) -> bytes:
         if self.part_id is None:
             self.offset = len(self.data)
             return self.data
-        piece = part(self.part_id, self.data, self.offset)
-        self.offset += PART_BYTES
+        piece = part(self.part_id, self.data, self.offset, part_bytes)
+        self.offset += part_bytes
         return piece
 
 
-class _Smalls:
-    """The stream of small frames, first come first written."""
-
-    def __init__(self) -> None:
-        # Lists rather than deques here: they stay short, and an empty one costs a tenth (a cloud site
-        # keeps thousands of quiet links).
-        self.frames: list[_Frame] = []
-
-
 class FairWriter:
-    """Writes frames with ``send`` (one WebSocket message a call), taking turns between them; ``parts``:
-    the peer reads parts, so frames larger than a part are written in parts."""
+    """Writes frames with ``send`` (one WebSocket message a call), small ones first; ``parts``: the peer
+    reads parts, so frames larger than a part are written in parts. ``limit_unsent`` is told the part size
+    whenever it changes: what the kernel below may hold unsent."""
 
-    def __init__(self, send: Callable[[bytes], Awaitable[None]], *, parts: bool) -> None:
+    def __init__(
+        self,
+        send: Callable[[bytes], Awaitable[None]],
+        *,
+        parts: bool,
+        limit_unsent: Callable[[int], None] | None = None,
+        unsent: Callable[[], int | None] | None = None,
+        rate: LinkRate | None = None,
+    ) -> None:
         self._send = send
         self._parts = parts
+        self._limit_unsent = limit_unsent
+        self._unsent = unsent
+        self.rate = rate or LinkRate()
+        self._part_bytes = PART_BYTES
         self._next_part_id = 1
-        self._smalls = _Smalls()
-        # The streams with something to write, in turn order.
-        self._turns: list[_Smalls | _Frame] = []
-        self._large = 0
+        # Lists rather than deques here: they stay short, and an empty one costs a tenth (a cloud site
+        # keeps thousands of quiet links).
+        self._smalls: list[_Frame] = []
+        # The large frames being written, in turn order, and those waiting for one of them to end.
+        self._large: list[_Frame] = []
         self._waiting_large: list[_Frame] = []
         # The frame a piece of which is being written.
         self._writing: _Frame | None = None
@@ -96,16 +111,12 @@ class FairWriter:
         if in_parts:
             large = _Frame(frame, self._next_part_id, written)
             self._next_part_id += 1
-            if self._large < PARTIAL_FRAMES:
-                self._large += 1
-                self._turns.append(large)
+            if len(self._large) < PARTIAL_FRAMES:
+                self._large.append(large)
             else:
                 self._waiting_large.append(large)
         else:
-            self._smalls.frames.append(_Frame(frame, None, written))
-            # Otherwise the stream is in turn already, or being written (it goes back in turn after).
-            if len(self._smalls.frames) == 1:
-                self._turns.append(self._smalls)
+            self._smalls.append(_Frame(frame, None, written))
         if self._task is None and not self._direct:
             self._task = asyncio.ensure_future(self._write_in_turns())
         await written
@@ -122,7 +133,7 @@ class FairWriter:
             raise
         finally:
             self._direct = False
-            if self._turns and self._task is None and self._closed is None:
+            if (self._smalls or self._large) and self._task is None and self._closed is None:
                 self._task = asyncio.ensure_future(self._write_in_turns())
 
     async def close(self, reason: str) -> None:
@@ -137,21 +148,30 @@ class FairWriter:
             await asyncio.wait([task])
 
     async def _write_in_turns(self) -> None:
+        rate = self.rate
+        rate.busy()
         try:
-            while (turn := self._next_turn()) is not None:
-                stream, frame = turn
+            while (frame := self._next_frame()) is not None:
+                if frame.part_id is not None and await self._kernel_holds_a_part():
+                    # What waits below goes first; small frames queued meanwhile go before this part.
+                    continue
                 self._writing = frame
-                await self._send(frame.next_piece())
+                piece = frame.next_piece(self._part_bytes)
+                await self._send(piece)
                 self._writing = None
+                rate.wrote(len(piece))
                 if frame.finished:
                     if not frame.written.done():
                         frame.written.set_result(None)
-                    if stream is frame:
-                        self._large_ended()
+                    if frame.part_id is None:
+                        self._smalls.pop(0)
                     else:
-                        self._smalls.frames.pop(0)
-                if (stream is frame and not frame.finished) or (stream is not frame and self._smalls.frames):
-                    self._turns.append(stream)
+                        self._large_ended(frame)
+                elif frame.part_id is not None:
+                    # The large frames take turns: this one goes behind the others.
+                    self._large.remove(frame)
+                    self._large.append(frame)
+                self._follow_rate()
                 # Lets the link's other tasks queue their frames (and the loop read) between pieces.
                 await asyncio.sleep(0)
         except LinkClosed as exc:
@@ -161,41 +181,57 @@ class FairWriter:
             self._closed = self._closed or f"writing failed: {exc}"
             self._fail_all()
         finally:
+            rate.idle()
             if self._task is asyncio.current_task():
                 self._task = None
 
-    def _next_turn(self) -> tuple[_Smalls | _Frame, _Frame] | None:
-        """The stream whose turn it is and the frame to write a piece of; frames whose caller gave up before
-        any of them was written are dropped."""
-        while self._turns:
-            stream = self._turns.pop(0)
-            if isinstance(stream, _Smalls):
-                while stream.frames and stream.frames[0].written.done():
-                    stream.frames.pop(0)
-                if stream.frames:
-                    return stream, stream.frames[0]
-            elif stream.started or not stream.written.done():
-                return stream, stream
-            else:
-                self._large_ended()
+    def _next_frame(self) -> _Frame | None:
+        """The frame to write a piece of: the first small frame waiting, else the large frame whose turn it
+        is. Frames whose caller gave up before any of them was written are dropped."""
+        smalls = self._smalls
+        while smalls:
+            if not smalls[0].written.done():
+                return smalls[0]
+            smalls.pop(0)
+        while self._large:
+            large = self._large[0]
+            if large.started or not large.written.done():
+                return large
+            self._large_ended(large)
         return None
 
-    def _large_ended(self) -> None:
-        self._large -= 1
+    def _large_ended(self, frame: _Frame) -> None:
+        self._large.remove(frame)
         if self._waiting_large:
-            self._large += 1
-            self._turns.append(self._waiting_large.pop(0))
+            self._large.append(self._waiting_large.pop(0))
+
+    async def _kernel_holds_a_part(self) -> bool:
+        """Whether the kernel holds more than a part unsent; if so, wait about as long as it takes to send
+        the excess (a small frame written meanwhile waits behind a part at most)."""
+        held = self._unsent() if self._unsent is not None else None
+        if held is None or held <= self._part_bytes:
+            return False
+        bytes_per_s = self.rate.bytes_per_s
+        wait_s = (held - self._part_bytes) / bytes_per_s if bytes_per_s else UNSENT_LOOK_S
+        await asyncio.sleep(min(max(wait_s, UNSENT_LOOK_S / 5), UNSENT_LOOK_S))
+        return True
+
+    def _follow_rate(self) -> None:
+        """Size the parts to the cable's rate as measured, and what the kernel holds unsent with them."""
+        part_bytes = self.rate.part_bytes
+        if part_bytes != self._part_bytes:
+            self._part_bytes = part_bytes
+            if self._limit_unsent is not None:
+                self._limit_unsent(part_bytes)
 
     def _fail_all(self) -> None:
-        frames = [*self._smalls.frames, *self._waiting_large]
-        frames += [stream for stream in self._turns if isinstance(stream, _Frame)]
-        if self._writing is not None:
+        frames = [*self._smalls, *self._large, *self._waiting_large]
+        if self._writing is not None and self._writing not in frames:
             frames.append(self._writing)
-            self._writing = None
-        self._smalls.frames.clear()
+        self._writing = None
+        self._smalls.clear()
+        self._large.clear()
         self._waiting_large.clear()
-        self._turns.clear()
-        self._large = 0
         for frame in frames:
             if not frame.written.done():
                 frame.written.set_exception(LinkClosed(self._closed or "closed", unsent=not frame.started))

@@ -76,6 +76,7 @@ from msgbusd.sending.batching import batch_message, chunks
 from msgbusd.sending.http_client import HttpClients
 from msgbusd.sending.link_admission import BUSY_STATUS, RETRY_AFTER, come_back_in_s
 from msgbusd.sending.link_keepalive import opener_keepalive
+from msgbusd.sending.link_pacing import Pacing
 from msgbusd.sending.link_parts import PartError, Reassembly, is_part
 from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, Socket
 from msgbusd.sending.link_writer import FairWriter
@@ -193,7 +194,13 @@ class Link:
         self.peer_reads_parts = peer_reads_parts
         self._socket = socket
         self._answer = answer
-        self._writer = FairWriter(socket.send, parts=peer_reads_parts)
+        pacing = getattr(socket, "pacing", None)
+        self._writer = FairWriter(
+            socket.send,
+            parts=peer_reads_parts,
+            limit_unsent=pacing.limit_unsent if isinstance(pacing, Pacing) else None,
+            unsent=pacing.unsent_bytes if isinstance(pacing, Pacing) else None,
+        )
         self._parts = Reassembly(max_bytes + FRAME_OVERHEAD_BYTES)
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[list[Result]]] = {}

@@ -84,3 +84,29 @@ async def little_waits_below_the_writer(towards: str) -> None:
         assert unsent_bytes(transport.get_extra_info("socket")) <= UNSENT_AT_MOST
         reader.hold_reading.set()
         assert await big == [Result(200)]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_each_end_tells_what_its_kernel_holds_unsent_and_takes_a_smaller_limit(loop: str) -> None:
+    run_on(loop, unsent_told_and_limited())
+
+
+async def unsent_told_and_limited() -> None:
+    async with link_pair() as pair:
+        for pacing in (pair.opener_socket.pacing, pair.site_socket.pacing):
+            transport = check_applied(pacing)
+            sock = transport.get_extra_info("socket")
+            assert pacing.unsent_bytes() == unsent_bytes(sock) == 0
+            pacing.limit_unsent(4096)
+            assert TCP_NOTSENT_LOWAT is not None
+            assert sock.getsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT) == 4096
+        # Held back from the cable, the opener's kernel holds what it was given.
+        pair.at_site.hold_reading = asyncio.Event()
+        big = asyncio.ensure_future(pair.opener.send([message("x" * 6_000_000)], TIMEOUT_S))
+        opener_pacing = pair.opener_socket.pacing
+        async with asyncio.timeout(TIMEOUT_S):
+            while not (opener_pacing.unsent_bytes() or 0) > 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        pair.at_site.hold_reading.set()
+        assert await big == [Result(200)]
+    assert Pacing().unsent_bytes() is None

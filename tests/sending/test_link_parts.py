@@ -120,14 +120,26 @@ class Cable:
             self.written.append(self.names[data])
 
 
-async def test_the_writer_takes_turns_between_large_frames_and_the_small_ones() -> None:
+async def test_small_frames_go_before_the_next_part_and_large_frames_take_turns() -> None:
     large = [text(3 * PART_BYTES, name).encode() for name in "ab"]
-    small = [b"s1", b"s2"]
     # Parts are numbered in the order their frames were queued.
-    cable = Cable({b"#1": "a", b"#2": "b", b"s1": "s1", b"s2": "s2"})
-    writer = FairWriter(cable.send, parts=True)
-    await asyncio.gather(*(writer.write(frame) for frame in [*large, *small]))
-    assert cable.written == ["a", "b", "s1", "a", "b", "s2", "a", "b"]
+    cable = Cable({b"#1": "a", b"#2": "b", b"s1": "s1", b"s2": "s2", b"s3": "s3", b"s4": "s4"})
+    fourth, held = asyncio.Event(), asyncio.Event()
+
+    async def send(data: bytes) -> None:
+        await cable.send(data)
+        if len(cable.written) == 4:
+            fourth.set()
+            await held.wait()
+
+    writer = FairWriter(send, parts=True)
+    writes = [asyncio.ensure_future(writer.write(frame)) for frame in [*large, b"s1", b"s2"]]
+    await fourth.wait()
+    # Queued while a part is being written: both go before the next part.
+    writes += [asyncio.ensure_future(writer.write(frame)) for frame in [b"s3", b"s4"]]
+    held.set()
+    await asyncio.gather(*writes)
+    assert cable.written == ["s1", "s2", "a", "b", "s3", "s4", "a", "b", "a", "b"]
 
 
 async def test_frames_queued_while_a_small_one_is_written_at_once_follow_it_in_turns() -> None:
@@ -148,7 +160,7 @@ async def test_frames_queued_while_a_small_one_is_written_at_once_follow_it_in_t
     ]
     held.set()
     await asyncio.gather(first, *later)
-    assert cable.written == ["s1", "a", "s2", "a", "a"]
+    assert cable.written == ["s1", "s2", "a", "a", "a"]
 
 
 async def test_at_most_partial_frames_large_frames_are_written_at_once() -> None:
@@ -174,8 +186,9 @@ async def test_a_frame_whose_writer_gave_up_is_dropped_before_it_starts_and_fini
 
     writer = FairWriter(send, parts=True)
     started = asyncio.ensure_future(writer.write(text(2 * PART_BYTES).encode()))
-    not_started = asyncio.ensure_future(writer.write(b"never"))
     await writing.wait()
+    not_started = asyncio.ensure_future(writer.write(b"never"))
+    await asyncio.sleep(0)
     started.cancel()
     not_started.cancel()
     held.set()
@@ -193,10 +206,10 @@ async def test_closing_the_writer_fails_what_is_not_written() -> None:
         await asyncio.Event().wait()
 
     writer = FairWriter(never, parts=True)
-    writes = [
-        asyncio.ensure_future(writer.write(frame)) for frame in [text(3 * PART_BYTES).encode(), b"small"]
-    ]
+    writes = [asyncio.ensure_future(writer.write(text(3 * PART_BYTES).encode()))]
     await writing.wait()
+    writes.append(asyncio.ensure_future(writer.write(b"small")))
+    await asyncio.sleep(0)
     await writer.close("the link closed")
     # The large frame's first part was being written; nothing of the small one, nor of a later one.
     unsent = []
