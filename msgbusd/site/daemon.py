@@ -47,7 +47,7 @@ from msgbusd.sending.send_items import SendItems
 from msgbusd.sending.site_socket import SiteSocketSettings, site_sockets
 from msgbusd.sending.way_back import WayBack
 from msgbusd.site.companions import Companion, SiteHandle
-from msgbusd.site.garbage import LongLived, settle_after_start_up
+from msgbusd.site.garbage import LongLived, collect_cycles_until, settle_after_start_up
 from msgbusd.site.inflight import InFlight
 from msgbusd.site.instance import Instance
 from msgbusd.site.memory import release_free_memory_until
@@ -286,6 +286,7 @@ class Daemon:
                 group.create_task(site.instance.listen(stopping), name="wake channel")
                 group.create_task(site.events.run(self._stopping), name="event log")
                 group.create_task(release_free_memory_until(stopping), name="free memory")
+                group.create_task(collect_cycles_until(stopping), name="cycles")
                 group.create_task(watch_loop_lag(site.metrics, stopping), name="loop lag")
                 group.create_task(redis_memory.watch(stopping), name="redis memory")
                 if site.links is not None:

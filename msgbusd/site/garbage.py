@@ -9,8 +9,8 @@ connection lets go of what refers back to it when it closes), so the collector i
 (:data:`YOUNG_THRESHOLD`).
 
 What lives long is set aside for good (:func:`gc.freeze`: the collector never walks it again): start-up's
-objects at once, and every little while (:func:`collect_cycles`, from :mod:`msgbusd.site.memory`) what
-lived through a look at the younger generations. A cloud site's links to its edges live for days, a few
+objects at once, and every :data:`COLLECT_EVERY_S` (:func:`collect_cycles_until`) what lived through a look
+at the younger generations. A cloud site's links to its edges live for days, a few
 dozen objects each: walking 10,000 of them took the daemon's whole core for half a second (nothing else
 runs meanwhile), which Python did every few minutes under traffic. Set aside, the oldest generation holds
 only what came to it since, and Python's own looks at it take milliseconds. A herd of edges makes thousands
@@ -19,12 +19,21 @@ of links within seconds: they are set aside as they come, after every :data:`SET
 (half a second for 10,000). What is set aside and later becomes a cycle with nothing else referring to it
 is never collected: the daemon's own objects do not (``tests/sending/test_site_socket.py`` checks a link's
 connection's), and ``msgbus_gc_pause_seconds`` and the daemon's resident memory show it if a library's do.
+
+Why that often: Python counts a look at its youngest generation due once :data:`YOUNG_THRESHOLD` more
+containers were made than freed, old ones freed included, so while long-lived things are replaced (a cloud
+site's ten thousand links renew what they hold at every ping) the young ones pile up between its looks,
+and its middle generation's looks walked 35,000-75,000 objects: 20-50 ms in which nothing else ran, the
+tail of a cloud's round trips. Looked at every half second, the younger generations hold what half a second
+left alive: a look takes 1-5 ms.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+
+from wire.backoff import sleep_unless
 
 # New containers (net) between two looks at the youngest generation. A look costs about a microsecond an
 # object on a cloud site's large heap (each reference it follows is a cache miss): 20,000 made looks of 30-50
@@ -37,6 +46,8 @@ YOUNGER_GENERATIONS = 1
 # that many (about 50 objects each: tens of milliseconds). Each setting aside costs a look at the younger
 # generations, which Python makes anyway every few hundred links of a herd.
 SET_ASIDE_AFTER = 1_000
+# The younger generations are collected, and what lives on set aside, this often.
+COLLECT_EVERY_S = 0.5
 
 
 def settle_after_start_up() -> None:
@@ -53,6 +64,13 @@ def collect_cycles() -> None:
     those a burst left do not wait for the next burst, and set aside for good what lives on."""
     gc.collect(YOUNGER_GENERATIONS)
     gc.freeze()
+
+
+async def collect_cycles_until(stopping: asyncio.Event, every_s: float = COLLECT_EVERY_S) -> None:
+    """:func:`collect_cycles` every ``every_s`` until ``stopping``."""
+    while not stopping.is_set():
+        await sleep_unless(stopping, every_s)
+        collect_cycles()
 
 
 class LongLived:

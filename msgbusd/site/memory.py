@@ -3,8 +3,7 @@
 Objects over 512 bytes (envelopes, buffers) come from the C library's ``malloc``, which keeps what is freed
 inside its heap unless it is at the top; a burst to thousands of new twins leaves that heap with free pages
 between the few objects still alive. glibc's ``malloc_trim`` hands every free page back; the daemon calls
-it every :data:`RELEASE_EVERY_S` (it takes a few milliseconds), right after collecting the cycles of the
-younger generations (:mod:`msgbusd.site.garbage`). Without glibc, only the cycles are collected.
+it every :data:`RELEASE_EVERY_S` (it takes a few milliseconds). Without glibc, nothing is done.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import ctypes.util
 import functools
 from collections.abc import Callable
 
-from msgbusd.site.garbage import collect_cycles
 from wire.backoff import sleep_unless
 
 RELEASE_EVERY_S = 30.0
@@ -40,8 +38,7 @@ def release_free_memory() -> bool:
 
 
 async def release_free_memory_until(stopping: asyncio.Event, every_s: float = RELEASE_EVERY_S) -> None:
-    """Collect cycles and :func:`release_free_memory` every ``every_s`` until ``stopping``."""
+    """:func:`release_free_memory` every ``every_s`` until ``stopping``."""
     while not stopping.is_set():
         await sleep_unless(stopping, every_s)
-        collect_cycles()
         release_free_memory()

@@ -46,7 +46,7 @@ def test_start_up_objects_are_set_aside_and_later_cycles_still_collected() -> No
 
 PERIODIC_CHILD = """
 import asyncio, gc, weakref
-from msgbusd.site.memory import release_free_memory_until
+from msgbusd.site.garbage import collect_cycles_until
 
 class Node:
     pass
@@ -58,7 +58,7 @@ async def main():
     left = weakref.ref(a)
     del a, b
     stopping = asyncio.Event()
-    task = asyncio.create_task(release_free_memory_until(stopping, every_s=0.01))
+    task = asyncio.create_task(collect_cycles_until(stopping, every_s=0.01))
     async with asyncio.timeout(10):
         while left() is not None:
             await asyncio.sleep(0.01)
@@ -70,7 +70,7 @@ asyncio.run(main())
 """
 
 
-def test_the_memory_timer_collects_cycles_left_by_a_burst() -> None:
+def test_the_collection_timer_collects_cycles_left_by_a_burst() -> None:
     child = subprocess.run(
         [sys.executable, "-c", PERIODIC_CHILD], capture_output=True, text=True, check=True, timeout=60
     )
