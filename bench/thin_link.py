@@ -239,7 +239,8 @@ async def one_system(pair: Pair, settings: Settings) -> dict[str, Any]:
         await asyncio.sleep(PAUSE_S)
         # Made before the small requests start: encoding 8 MiB would hold up their schedule.
         beside = [big.envelope(1, b"1:" + big_payload[2:], int(limit_s)) for big in bigs]
-        pacer = asyncio.create_task(_pace(conn, small, numbers, settings))
+        pacing = asyncio.Event()
+        pacer = asyncio.create_task(_pace(conn, small, numbers, settings, pacing))
         try:
             await asyncio.sleep(LEAD_S)
             pushes = (big.push(c, 1, raw) for big, c, raw in zip(bigs, big_conns, beside, strict=True))
@@ -250,9 +251,9 @@ async def one_system(pair: Pair, settings: Settings) -> dict[str, Any]:
                 "the big requests' replies beside the small ones",
             )
         finally:
-            pacer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pacer
+            # Told, not cancelled: a cancellation that lands inside a Redis command can be lost in it.
+            pacing.set()
+            await pacer
         await _until(
             lambda: small.answered() == len(small.pushed_at), SETTLE_S, "the small requests' replies"
         )
@@ -280,14 +281,21 @@ def write_trace(path: Path, small: Calls, bigs: Sequence[Calls]) -> None:
                 out.write(f"{kind},{number},{at - start:.3f},{'' if took is None else f'{took:.3f}'}\n")
 
 
-async def _pace(conn: aioredis.Redis, small: Calls, numbers: Iterator[int], settings: Settings) -> None:
+async def _pace(
+    conn: aioredis.Redis, small: Calls, numbers: Iterator[int], settings: Settings, stop: asyncio.Event
+) -> None:
+    """Push a small request every ``settings.small_every_s`` until ``stop``."""
     started = time.perf_counter()
-    for count in range(1_000_000):
+    count = 0
+    while not stop.is_set():
         number = next(numbers)
         await small.push(
             conn, number, small.envelope(number, small_payload(number, settings.small_bytes), SMALL_EXP_S)
         )
-        await asyncio.sleep(max(0.0, started + (count + 1) * settings.small_every_s - time.perf_counter()))
+        count += 1
+        next_s = started + count * settings.small_every_s - time.perf_counter()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, next_s))
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float, what: str) -> bool:
