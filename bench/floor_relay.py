@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from msgbusd.sending.http_client import HttpClients
+from msgbusd.link.http_client import HttpClients
 from wire import keys
 
 IN_FLIGHT = 256

@@ -24,8 +24,8 @@ import uvloop
 from starlette.types import Receive, Scope, Send
 
 from msgbusd.identity.signing import SignatureError, Signer, verify
-from msgbusd.sending.http_reply import HttpFailed
-from msgbusd.sending.one_shot import OneShotRequests
+from msgbusd.link.http_reply import HttpFailed
+from msgbusd.link.one_shot import OneShotRequests
 from msgbusd.sending.posts import REMOTE_PATH, REPLY_PATH
 from msgbusd.site.garbage import settle_after_start_up
 from msgbusd.site.serving import serve_until

@@ -48,8 +48,8 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
 from msgbusd.identity.signing import Signer
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.site_socket import LINK_PATH, SiteSocket, SiteSocketSettings, site_sockets
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.site_socket import LINK_PATH, SiteSocket, SiteSocketSettings, site_sockets
 from msgbusd.site.daemon import PEER_CONNECTIONS, open_redis
 from msgbusd.site.serving import server
 from msgbusd.site.settings import Settings
@@ -386,7 +386,7 @@ async def _site_socket_echo(socket: SiteSocket) -> None:
 
 async def serve_site_socket(port: int) -> None:
     """Echo on ``port`` as a site's port serves links: uvicorn handing the upgrade to the site's own socket
-    (:mod:`msgbusd.sending.site_socket`)."""
+    (:mod:`msgbusd.link.site_socket`)."""
     quiet = server(
         Starlette(),
         DAEMON.drain_grace_s,

@@ -27,8 +27,8 @@ from starlette.routing import Route as HttpRoute
 
 from client.errors import HandlerError
 from client.request import Request as BusRequest
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.http_reply import HttpFailed
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.http_reply import HttpFailed
 from router import bus, keys
 from router.commands import command_service
 from router.config import RouterSettings

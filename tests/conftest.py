@@ -24,7 +24,7 @@ PROCESS_MODULES = {
     "router/test_e2e.py",
     "router/test_faults.py",
     "router/test_mqtt_bridge.py",
-    "sending/test_links.py",
+    "link/test_links.py",
     "site/test_daemon_cli.py",
     "site/test_load_balancer.py",
     "site/test_many_edges.py",

@@ -43,7 +43,7 @@ LONGEST_FIRST = [
     "tests/door/test_fuzz_door.py",
     "tests/site/test_daemon_cli.py",
     "tests/sending/test_relays.py",
-    "tests/sending/test_links.py",
+    "tests/link/test_links.py",
     "tests/site/test_processes.py",
     "tests/sending/test_uplinks.py",
     "tests/sending/test_many_down.py",

@@ -21,9 +21,10 @@ ROOMS = {
     "reports": set(),
     "identity": set(),
     "store": set(),
-    "sending": {"errors", "reports", "identity", "store"},
-    "door": {"errors", "reports", "identity", "store", "sending"},
-    "site": {"errors", "reports", "identity", "store", "sending", "door"},
+    "link": {"errors", "reports", "identity", "store"},
+    "sending": {"errors", "reports", "identity", "store", "link"},
+    "door": {"errors", "reports", "identity", "store", "link", "sending"},
+    "site": {"errors", "reports", "identity", "store", "link", "sending", "door"},
     "gateway": {"errors", "reports", "site"},
 }
 # Beside the rooms: the exceptions every room raises, and the command (``msgbusd``, ``python -m msgbusd``).

@@ -2,5 +2,5 @@
 limits, the OpenAPI document, the ``/zbus-link`` upgrade), and from local apps and services through the
 handlers of the system queues.
 
-May import from msgbusd: errors, reports, identity, store, sending.
+May import from msgbusd: errors, reports, identity, store, link, sending.
 """

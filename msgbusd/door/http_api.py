@@ -31,10 +31,10 @@ from msgbusd.door.validation import validate
 from msgbusd.errors import InvalidMessage, RejectedRequest
 from msgbusd.identity.sealing import Sealer, SealError
 from msgbusd.identity.signing import SignatureError, Signer, verify
+from msgbusd.link.peer_clocks import PeerClocks
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import ErrorCause, Metrics
-from msgbusd.sending.peer_clocks import PeerClocks
 from msgbusd.sending.posts import BATCH_PATH, REMOTE_PATH, REPLY_PATH, SENDER_LINKS_HEADER
 from msgbusd.store.queues import Inbound, Store
 from twin_resolver.base import Resolver, ResolverError, Twin, TwinNotFound
@@ -323,7 +323,7 @@ class Door:
 
 def create_app(door: Door, extra_routes: Sequence[BaseRoute] = ()) -> DoorApp:
     """The site port's app: the RMB endpoints and ``/zbus-batch`` (``/zbus-link`` is served on the
-    connection itself, not by an app: :mod:`msgbusd.sending.site_socket`).
+    connection itself, not by an app: :mod:`msgbusd.link.site_socket`).
 
     The endpoints peers POST to are plain ASGI apps reached by their path alone, ahead of starlette's
     routing and middleware: every message a go-rmb peer sends, and every single message between msgbus

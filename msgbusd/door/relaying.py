@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence, Set
 
 from msgbusd.errors import RejectedRequest
+from msgbusd.link.peer_clocks import PeerClocks
 from msgbusd.reports.metrics import Metrics
-from msgbusd.sending.peer_clocks import PeerClocks
 from msgbusd.sending.send_items import SendItem, SendItems
 from msgbusd.store.queues import RelayedMessage, Store
 from twin_resolver.base import Resolver, ResolverError, TwinNotFound

@@ -5,7 +5,7 @@
    then handed to the destination's peer (:meth:`Peers.kick`).
 2. The peer's sender reads the head of that queue (or takes what was just accepted straight from memory
    while memory and the queue are known to be in step), stamps and signs each envelope, and sends up to
-   :data:`BATCH` of them at once: over the link to a msgbus site (:mod:`msgbusd.sending.links`), or in POSTs
+   :data:`BATCH` of them at once: over the link to a msgbus site (:mod:`msgbusd.link.links`), or in POSTs
    to a site that takes no links (go-rmb, or ``--no-links``; :mod:`msgbusd.sending.posts`). On a link up to
    :data:`WINDOW` batches are on their way at once, each read after the ones before it (from memory or the
    queue); those with requests all on one link, so that one that breaks fails the ones after it too.
@@ -45,18 +45,18 @@ from redis.exceptions import RedisError
 from msgbusd.errors import DeliveryError
 from msgbusd.identity.sealing import Sealer, SealError
 from msgbusd.identity.signing import Signer
+from msgbusd.link.links import UPLINK_WAIT_S, Link, Links, send_envelopes
+from msgbusd.link.way_back import WayBack, no_way_back
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import Metrics
 from msgbusd.reports.peer_activity import PeerActivityLog
 from msgbusd.sending.health import HealthState, PeerHealth, ProbePace, probe_backoff
 from msgbusd.sending.large_messages import LargeMessages
-from msgbusd.sending.links import UPLINK_WAIT_S, Link, Links, send_envelopes
 from msgbusd.sending.peer_report import PeerReport
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import Schedule
 from msgbusd.sending.send_items import SendItem, SendItems
-from msgbusd.sending.way_back import WayBack, no_way_back
 from msgbusd.store.leases import Leases, first_set
 from msgbusd.store.queues import Store
 from twin_resolver.base import Resolver, ResolverError, Twin

@@ -1,6 +1,6 @@
 """Signed envelopes to other sites' daemons by HTTP POST: to go-rmb sites, to msgbus sites run with
 ``--no-links``, and the probes of sites that are down. msgbus sites are otherwise sent envelopes over a link
-(:mod:`msgbusd.sending.links`); :mod:`msgbusd.sending.peers` chooses."""
+(:mod:`msgbusd.link.links`); :mod:`msgbusd.sending.peers` chooses."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from http import HTTPStatus
 
 from msgbusd.errors import UNAVAILABLE_STATUSES, DeliveryError, peer_refusal
+from msgbusd.link.batching import batch_message, chunks
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.http_reply import HttpFailed, HttpReply
+from msgbusd.link.peer_clocks import PeerClocks
 from msgbusd.reports.logs import about
 from msgbusd.reports.metrics import Metrics
-from msgbusd.sending.batching import batch_message, chunks
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.http_reply import HttpFailed, HttpReply
-from msgbusd.sending.peer_clocks import PeerClocks
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin, TwinNotFound
 

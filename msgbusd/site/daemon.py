@@ -32,20 +32,20 @@ from msgbusd.door.relaying import Relaying
 from msgbusd.errors import StartupError
 from msgbusd.identity.sealing import Sealer, SealError, public_key_of
 from msgbusd.identity.signing import Signer
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.link_admission import LinkAdmission
+from msgbusd.link.links import Links
+from msgbusd.link.peer_clocks import PeerClocks
+from msgbusd.link.site_socket import SiteSocketSettings, site_sockets
+from msgbusd.link.way_back import WayBack
 from msgbusd.reports.event_log import EventLog
 from msgbusd.reports.loop_lag import collector_pauses, watch_loop_lag
 from msgbusd.reports.metrics import Metrics, healthz_endpoint, metrics_endpoint
 from msgbusd.reports.site_warnings import SiteWarnings
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.link_admission import LinkAdmission
-from msgbusd.sending.links import Links
-from msgbusd.sending.peer_clocks import PeerClocks
 from msgbusd.sending.peers import Peers
 from msgbusd.sending.posts import PostClient
 from msgbusd.sending.schedule import CLAIM_BATCH, Schedule
 from msgbusd.sending.send_items import SendItems
-from msgbusd.sending.site_socket import SiteSocketSettings, site_sockets
-from msgbusd.sending.way_back import WayBack
 from msgbusd.site.companions import Companion, SiteHandle
 from msgbusd.site.garbage import LongLived, collect_cycles_until, settle_after_start_up
 from msgbusd.site.inflight import InFlight

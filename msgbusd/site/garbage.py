@@ -17,7 +17,7 @@ only what came to it since, and Python's own looks at it take milliseconds. A he
 of links within seconds: they are set aside as they come, after every :data:`SET_ASIDE_AFTER` of them
 (:class:`LongLived`), so that a look at the oldest generation meanwhile walks at most that many, not all
 (half a second for 10,000). What is set aside and later becomes a cycle with nothing else referring to it
-is never collected: the daemon's own objects do not (``tests/sending/test_site_socket.py`` checks a link's
+is never collected: the daemon's own objects do not (``tests/link/test_site_socket.py`` checks a link's
 connection's), and ``msgbus_gc_pause_seconds`` and the daemon's resident memory show it if a library's do.
 
 Why that often: Python counts a look at its youngest generation due once :data:`YOUNG_THRESHOLD` more

@@ -16,8 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from msgbusd.link.links import Links
 from msgbusd.reports.recent_traffic import RecentTraffic
-from msgbusd.sending.links import Links
 from msgbusd.sending.peers import Peers
 
 # Peers listed besides those down or sending: those active within this long.

@@ -4,7 +4,7 @@ processes.
 
     python -m testing.many_edges --cloud 1 --twins twins.json --first 100000 --count 10000 --port 9300
 
-Each edge runs msgbusd's own link code (a :class:`~msgbusd.sending.links.Links` with ``--uplink CLOUD``):
+Each edge runs msgbusd's own link code (a :class:`~msgbusd.link.links.Links` with ``--uplink CLOUD``):
 the real handshake, the real pings, and the same redial policy as a real edge's. Its twin entry has no
 address, so the cloud reaches it over its uplink only. An edge answers every request the cloud sends it as
 a service would (same uid, ``src`` and ``dst`` swapped, the request's ``dat`` or ``--reply-bytes`` bytes,

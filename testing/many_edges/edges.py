@@ -1,5 +1,5 @@
 """The edges themselves: each one a twin with its own key and no address, keeping an uplink to the cloud site
-with msgbusd's own link code (:class:`~msgbusd.sending.links.Links`, ``--uplink``: the same handshake and the
+with msgbusd's own link code (:class:`~msgbusd.link.links.Links`, ``--uplink``: the same handshake and the
 same redial policy), answering what the cloud sends it, and sending the cloud's services requests."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 from msgbusd.errors import DeliveryError
 from msgbusd.identity.signing import Signer
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.links import Link, Links, send_envelopes
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.links import Link, Links, send_envelopes
 from msgbusd.sending.posts import REMOTE_PATH, REPLY_PATH
 from twin_resolver.base import Resolver, Twin
 from wire.backoff import sleep_unless

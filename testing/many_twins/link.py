@@ -1,5 +1,5 @@
 """This end of a link a site opened to a twin, on the wire: the aiohttp server WebSocket as
-:class:`~msgbusd.sending.links.Link` drives it. The messages of its ``send`` frames are read as a site's door
+:class:`~msgbusd.link.links.Link` drives it. The messages of its ``send`` frames are read as a site's door
 reads them (:func:`msgbusd.door.http_api.batch_item`); what a twin does with a link is
 :class:`~testing.many_twins.endpoints.TwinLink`."""
 
@@ -9,11 +9,11 @@ import contextlib
 
 from aiohttp import WSMsgType, web
 
-from msgbusd.sending.link_sockets import REFUSED, RETIRED, LinkClosed
+from msgbusd.link.link_sockets import REFUSED, RETIRED, LinkClosed
 
 
 class LinkSocket:
-    """This end of a link (an aiohttp server WebSocket), as :class:`~msgbusd.sending.links.Link` drives it."""
+    """This end of a link (an aiohttp server WebSocket), as :class:`~msgbusd.link.links.Link` drives it."""
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self._ws = ws

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from msgbusd.sending.http_client import HttpClients
+from msgbusd.link.http_client import HttpClients
 from testing.many_twins.counts import Counts
 from testing.many_twins.endpoints import ManyTwins, Settings
 from testing.many_twins.twins import CONTROL_HOST, add_to_twin_file, twin_entries, twin_signer

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from msgbusd.sending.link_keepalive import PROBES
+from msgbusd.link.link_keepalive import PROBES
 from testing.local_sites import wait_until
 from testing.netbed import BedSite, BedSites, NetBed, require_netbed
 from tests.faults.network_runs import (

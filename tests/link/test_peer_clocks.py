@@ -13,10 +13,10 @@ import redis.asyncio as aioredis
 from msgbusd.door.http_api import Door
 from msgbusd.errors import RejectedRequest, peer_refusal
 from msgbusd.identity.signing import Signer
+from msgbusd.link.peer_clocks import PeerClocks, clock_text, read_stamp, stamp
 from msgbusd.reports.metrics import Metrics
-from msgbusd.sending.peer_clocks import PeerClocks, clock_text, read_stamp, stamp
 from msgbusd.store.queues import Store
-from tests.sending.test_link_negotiation import OPENER, SITE, sites
+from tests.link.test_link_negotiation import OPENER, SITE, sites
 from tests.support.metrics import samples
 from twin_resolver.base import Twin
 from twin_resolver.static import StaticResolver

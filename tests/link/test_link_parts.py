@@ -11,7 +11,7 @@ import string
 import orjson
 import pytest
 
-from msgbusd.sending.link_parts import (
+from msgbusd.link.link_parts import (
     PART_BYTES,
     PARTIAL_FRAMES,
     TOO_BIG,
@@ -20,10 +20,10 @@ from msgbusd.sending.link_parts import (
     Reassembly,
     part,
 )
-from msgbusd.sending.link_sockets import LinkClosed
-from msgbusd.sending.link_writer import FairWriter
-from msgbusd.sending.links import Result, send_envelopes
-from tests.sending.link_pair import (
+from msgbusd.link.link_sockets import LinkClosed
+from msgbusd.link.link_writer import FairWriter
+from msgbusd.link.links import Result, send_envelopes
+from tests.link.link_pair import (
     LONG_REFUSAL,
     LOOPS,
     OPENER,

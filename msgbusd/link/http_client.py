@@ -1,5 +1,5 @@
 """HTTP requests to other servers over keep-alive connections, with aiohttp, or on a connection of their own
-(:mod:`msgbusd.sending.one_shot`) when the connection would not be used again.
+(:mod:`msgbusd.link.one_shot`) when the connection would not be used again.
 
 aiohttp's HTTP parser is compiled: one request costs about a fifth of the CPU it takes with httpx here
 (0.14-0.29 ms against 0.7-3.5 ms on loopback). The bus sends every message between sites this way, and
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from msgbusd.sending.http_reply import HttpFailed, HttpReply, connection_failure
-from msgbusd.sending.one_shot import OneShotRequests
+from msgbusd.link.http_reply import HttpFailed, HttpReply, connection_failure
+from msgbusd.link.one_shot import OneShotRequests
 
 
 class HttpClients:
@@ -31,7 +31,7 @@ class HttpClients:
         self, url: str, *, max_message_bytes: int, timeout_s: float
     ) -> aiohttp.ClientWebSocketResponse:
         """Open a WebSocket to ``url``, whose pings its reader answers and sends itself (aiohttp's own are
-        off: :class:`~msgbusd.sending.link_sockets.ClientSocket`); raises
+        off: :class:`~msgbusd.link.link_sockets.ClientSocket`); raises
         ``aiohttp.WSServerHandshakeError`` when the server answers with plain HTTP, ``aiohttp.ClientError``
         or ``TimeoutError`` when it cannot be reached."""
         session = self._open()

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from msgbusd.sending.http_reply import HttpFailed, HttpReply, connection_failure, first_header
+from msgbusd.link.http_reply import HttpFailed, HttpReply, connection_failure, first_header
 
 
 class OneShotRequests:

@@ -1,4 +1,4 @@
-"""Frames written in parts: how a link (:mod:`msgbusd.sending.links`) cuts a large frame into binary
+"""Frames written in parts: how a link (:mod:`msgbusd.link.links`) cuts a large frame into binary
 WebSocket messages, and how the other end puts it together again.
 
 A frame larger than :data:`PART_BYTES` goes to a peer that reads parts as parts, each a binary message::

@@ -15,12 +15,12 @@ Every frame is one JSON object in a binary WebSocket message::
     either way       {"op": "ack", "id": N, "results": [{"status": 200}, {"status": 400, "message": "..."}]}
 
 or, when it is larger than 16 KiB and the other end said ``"parts": true`` in its handshake frame, in parts
-(:mod:`msgbusd.sending.link_parts`): binary messages that start with a 0x00 byte (a JSON frame never does),
+(:mod:`msgbusd.link.link_parts`): binary messages that start with a 0x00 byte (a JSON frame never does),
 then flags (first, last) and a part id of the writer's own, then the frame's next slice. The reader puts the
 frame together and takes it as if it came whole. Each end has one writer that takes turns
-(:mod:`msgbusd.sending.link_writer`): the small frames, acks among them, go between the parts of large
+(:mod:`msgbusd.link.link_writer`): the small frames, acks among them, go between the parts of large
 ones instead of waiting seconds behind them on a thin cable, and little waits in the buffers below it
-(:mod:`msgbusd.sending.link_pacing`). A site that does not say ``"parts"`` (an older one: it ignores the key
+(:mod:`msgbusd.link.link_pacing`). A site that does not say ``"parts"`` (an older one: it ignores the key
 in the other's frame) is written whole frames, as before.
 
 An opener that keeps the link up so that the site can reach it (``msgbusd --uplink TWIN``: an edge that
@@ -31,7 +31,7 @@ over it, requests too, and keeps what waits for the twin in its send queue while
 over (S, C, the opener's nonce), both checked against the resolver: nobody can open a link in another
 twin's name and collect its replies, nor pose as the twin we meant to reach. ``time`` is the clock of
 the side that sends ``hello`` or ``welcome``, signed over the other side's nonce: each side learns how far
-the other's clock is from its own (:mod:`msgbusd.sending.peer_clocks`). A refused handshake closes
+the other's clock is from its own (:mod:`msgbusd.link.peer_clocks`). A refused handshake closes
 the link with code 4403 and the reason. ``max_bytes`` is the largest envelope each side takes: larger
 ones are refused (413) without being sent, and a frame holds at most that much.
 
@@ -41,12 +41,12 @@ frames without an ack are sent again on the next link, and the receiver drops wh
 is waited for from when the frame's last piece was written (a large frame on a slow cable is not cut for
 taking long).
 
-Whether a link's connection is alive the kernels at its ends find out (:mod:`msgbusd.sending.link_keepalive`:
+Whether a link's connection is alive the kernels at its ends find out (:mod:`msgbusd.link.link_keepalive`:
 the opener's within about twice ``ping_s``), however busy either site is. The opener also pings a link that
 carried nothing for :data:`PING_EVERY_S` (or ``ping_s``, when longer), so that a proxy between the sites does
 not close it for being idle, and closes it when that ping's pong does not come within as long again (unless
 the opener itself was late: a busy site is not taken for a dead one). The other end sends no pings. The
-site's end lets links begin at a bounded rate (:mod:`msgbusd.sending.link_admission`): an opener turned away
+site's end lets links begin at a bounded rate (:mod:`msgbusd.link.link_admission`): an opener turned away
 dials again when it was told to.
 """
 
@@ -71,19 +71,19 @@ import orjson
 
 from msgbusd.errors import DeliveryError, peer_refusal
 from msgbusd.identity.signing import SignatureError, Signer, verify_digest
+from msgbusd.link.batching import batch_message, chunks
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.link_admission import BUSY_STATUS, RETRY_AFTER, come_back_in_s
+from msgbusd.link.link_keepalive import opener_keepalive
+from msgbusd.link.link_pacing import Pacing
+from msgbusd.link.link_parts import PartError, Reassembly, is_part
+from msgbusd.link.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, Socket
+from msgbusd.link.link_writer import FairWriter
+from msgbusd.link.loop_turns import LoopTurns
+from msgbusd.link.peer_clocks import PeerClocks, read_stamp, stamp
+from msgbusd.link.site_socket import LINK_PATH
+from msgbusd.link.way_back import WayBack, reached_only_over_its_links
 from msgbusd.reports.logs import about
-from msgbusd.sending.batching import batch_message, chunks
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.link_admission import BUSY_STATUS, RETRY_AFTER, come_back_in_s
-from msgbusd.sending.link_keepalive import opener_keepalive
-from msgbusd.sending.link_pacing import Pacing
-from msgbusd.sending.link_parts import PartError, Reassembly, is_part
-from msgbusd.sending.link_sockets import REFUSED, RETIRED, ClientSocket, LinkClosed, Socket
-from msgbusd.sending.link_writer import FairWriter
-from msgbusd.sending.loop_turns import LoopTurns
-from msgbusd.sending.peer_clocks import PeerClocks, read_stamp, stamp
-from msgbusd.sending.site_socket import LINK_PATH
-from msgbusd.sending.way_back import WayBack, reached_only_over_its_links
 from msgbusd.store.leases import first_set
 from twin_resolver.address import peer_url
 from twin_resolver.base import Resolver, ResolverError, Twin
@@ -156,7 +156,7 @@ class Link:
     """An open link to twin ``peer``: sends frames and waits for their acks, answers the peer's frames in
     the order they came.
 
-    One writer takes turns between this end's frames (:class:`~msgbusd.sending.link_writer.FairWriter`):
+    One writer takes turns between this end's frames (:class:`~msgbusd.link.link_writer.FairWriter`):
     to a peer that reads parts (``peer_reads_parts``: it said so in the handshake) a large frame goes in
     parts, and the small frames behind it go between them. The peer's frames in parts are put together
     again, up to ``max_bytes`` (the largest envelope this end takes) and its wrapping each."""

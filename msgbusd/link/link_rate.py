@@ -1,13 +1,13 @@
-"""How fast a link's cable takes what its writer (:mod:`msgbusd.sending.link_writer`) writes, and the part
+"""How fast a link's cable takes what its writer (:mod:`msgbusd.link.link_writer`) writes, and the part
 size that follows from it.
 
 A small frame written while a large one goes in parts waits for the part being written and what the
-buffers below hold (:mod:`msgbusd.sending.link_pacing`). A fixed part is 65 ms on a 2 Mbit/s cable and a
+buffers below hold (:mod:`msgbusd.link.link_pacing`). A fixed part is 65 ms on a 2 Mbit/s cable and a
 quarter of a second on 512 kbit/s; a part as long on every cable, :data:`PART_S`, keeps the small frame's
 wait the same whatever the cable. The rate is measured by the writer itself: while it has pieces waiting,
 each write returns once the kernel took it, and the kernel takes what the cable sends (it holds little
 unsent), so bytes over time while busy is the cable's rate. A fast cable (loopback, a LAN) measures faster
-than any part needs: its parts stay at :data:`~msgbusd.sending.link_parts.PART_BYTES`.
+than any part needs: its parts stay at :data:`~msgbusd.link.link_parts.PART_BYTES`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from msgbusd.sending.link_parts import PART_BYTES
+from msgbusd.link.link_parts import PART_BYTES
 
 # How long a part takes on the cable, about.
 PART_S = 0.05

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from msgbusd.sending.loop_turns import LoopTurns
+from msgbusd.link.loop_turns import LoopTurns
 
 
 async def test_callers_beyond_a_turns_room_go_on_in_the_next_turns_in_order() -> None:

@@ -16,11 +16,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.server import ServerProtocol
 
-from msgbusd.sending.link_admission import RETRY_AFTER, LinkAdmission
-from msgbusd.sending.link_keepalive import SITE_KEEPALIVE
-from msgbusd.sending.link_sockets import RETIRED
-from msgbusd.sending.site_socket import LINK_PATH, SiteSocket, SiteSocketSettings
-from tests.sending.link_pair import TIMEOUT_S, site_port
+from msgbusd.link.link_admission import RETRY_AFTER, LinkAdmission
+from msgbusd.link.link_keepalive import SITE_KEEPALIVE
+from msgbusd.link.link_sockets import RETIRED
+from msgbusd.link.site_socket import LINK_PATH, SiteSocket, SiteSocketSettings
+from tests.link.link_pair import TIMEOUT_S, site_port
 
 pytestmark = pytest.mark.timeout(60)
 

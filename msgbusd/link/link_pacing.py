@@ -1,4 +1,4 @@
-"""Pacing a link's connection: what waits below the link's writer (:mod:`msgbusd.sending.link_writer`) is kept
+"""Pacing a link's connection: what waits below the link's writer (:mod:`msgbusd.link.link_writer`) is kept
 small, so that the writer's turns decide what goes on the cable and not the buffers under it.
 
 Two buffers sit between a write and the cable, and each would hold seconds of a thin link's data in front
@@ -14,7 +14,7 @@ of a small frame written after a large one:
 
   - the opener's end, aiohttp: its WebSocket writer waits for the transport only once it wrote ``_limit``
     bytes (64 KiB) since it last did; the limit is set to :data:`AIOHTTP_WAIT_AFTER_BYTES`;
-  - the site's end (:mod:`msgbusd.sending.site_socket`) is the connection's protocol itself: it waits for
+  - the site's end (:mod:`msgbusd.link.site_socket`) is the connection's protocol itself: it waits for
     the transport after each message it writes.
 
 The opener's are aiohttp's internals, looked up with a fallback: what is not found is not applied, and the

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from msgbusd.sending.links import FLAPPING_BREAKS, UPLINK_REDIAL, Link, Links
-from tests.sending.link_pair import TIMEOUT_S
-from tests.sending.test_link_negotiation import KEYS, OPENER, SITE, Sites, sites
+from msgbusd.link.links import FLAPPING_BREAKS, UPLINK_REDIAL, Link, Links
+from tests.link.link_pair import TIMEOUT_S
+from tests.link.test_link_negotiation import KEYS, OPENER, SITE, Sites, sites
 from wire.backoff import Backoff
 
 pytestmark = pytest.mark.timeout(60)

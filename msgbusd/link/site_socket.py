@@ -1,6 +1,6 @@
 """The site's end of a link: the connection itself, as uvicorn hands it over for a WebSocket upgrade,
 speaking WebSocket with the ``websockets`` library's sans-I/O protocol straight to the link
-(:mod:`msgbusd.sending.links`).
+(:mod:`msgbusd.link.links`).
 
 uvicorn serves the site port (the RMB endpoints, status, metrics) and gives each HTTP/1.1 upgrade to
 WebSocket to the protocol class of its ``ws`` setting, with the connection as it is. :func:`site_sockets`
@@ -10,8 +10,8 @@ about a third of the memory it did (a WebSocket of uvicorn's and starlette's alo
 each frame fewer steps. Any other upgrade is answered 404.
 
 It is also where the site turns away links beyond the rate it takes them
-(:mod:`msgbusd.sending.link_admission`), before any of the handshake's work is done, and where the kernel's
-keepalive is set on the connection (:mod:`msgbusd.sending.link_keepalive`): the site's end sends no pings.
+(:mod:`msgbusd.link.link_admission`), before any of the handshake's work is done, and where the kernel's
+keepalive is set on the connection (:mod:`msgbusd.link.link_keepalive`): the site's end sends no pings.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from msgbusd.sending.link_admission import BUSY_STATUS, RETRY_AFTER, LinkAdmission, Turn, retry_after_header
-from msgbusd.sending.link_keepalive import SITE_KEEPALIVE, Keepalive
-from msgbusd.sending.link_pacing import Pacing, pace_transport
-from msgbusd.sending.link_sockets import RETIRED, LinkClosed
+from msgbusd.link.link_admission import BUSY_STATUS, RETRY_AFTER, LinkAdmission, Turn, retry_after_header
+from msgbusd.link.link_keepalive import SITE_KEEPALIVE, Keepalive
+from msgbusd.link.link_pacing import Pacing, pace_transport
+from msgbusd.link.link_sockets import RETIRED, LinkClosed
 
 log = logging.getLogger("msgbusd.links")
 # websockets says every connection opened and closed at INFO.
@@ -71,7 +71,7 @@ def site_sockets(settings: SiteSocketSettings) -> type[SiteSocket]:
 
 class SiteSocket(asyncio.Protocol):
     """One upgraded connection of the site port; once its upgrade to ``/zbus-link`` is taken, the socket of
-    the link on it (:class:`~msgbusd.sending.link_sockets.Socket`)."""
+    the link on it (:class:`~msgbusd.link.link_sockets.Socket`)."""
 
     _settings: ClassVar[SiteSocketSettings] = SiteSocketSettings(None, 0)
 
@@ -94,7 +94,7 @@ class SiteSocket(asyncio.Protocol):
         self._reason = ""
         self._code: int | None = None
         self._close_timer: asyncio.TimerHandle | None = None
-        # An upgrade waiting for its turn (:mod:`msgbusd.sending.link_admission`).
+        # An upgrade waiting for its turn (:mod:`msgbusd.link.link_admission`).
         self._turn: asyncio.TimerHandle | None = None
 
     # --- the connection, as the event loop calls it --------------------------------------------------------
@@ -164,7 +164,7 @@ class SiteSocket(asyncio.Protocol):
 
     async def send(self, data: bytes) -> None:
         """Write one binary message; returns once the kernel took it (the link's writer picks the next one
-        only then: :mod:`msgbusd.sending.link_pacing`)."""
+        only then: :mod:`msgbusd.link.link_pacing`)."""
         if self._ended or self._ws.state is not State.OPEN:
             raise LinkClosed(self.close_reason())
         self._ws.send_binary(data)

@@ -1,15 +1,15 @@
-"""The one writer of a link (:mod:`msgbusd.sending.links`): it decides what goes on the cable next, so that
+"""The one writer of a link (:mod:`msgbusd.link.links`): it decides what goes on the cable next, so that
 a large frame cannot hold up the small ones behind it.
 
 Small frames (acks, small sends) go first, first come first written: every small frame waiting is written
 before the next part of a large one, so a small frame waits for at most the one part being written, however
 many large frames, parts or small frames are queued. The large frames, cut into parts
-(:mod:`msgbusd.sending.link_parts`), share what is left in turns, a part each. A part is as long on the
-cable whatever its rate (:mod:`msgbusd.sending.link_rate`: the writer measures the rate while it is busy),
+(:mod:`msgbusd.link.link_parts`), share what is left in turns, a part each. A part is as long on the
+cable whatever its rate (:mod:`msgbusd.link.link_rate`: the writer measures the rate while it is busy),
 and the next part is written only once the kernel holds less than a part unsent (``unsent``: a socket takes
 whatever its buffer has room for, megabytes on a thin cable, which a small frame written after would wait
 behind; ``limit_unsent`` is told the part size). At most
-:data:`~msgbusd.sending.link_parts.PARTIAL_FRAMES` large frames are written at once; the next ones wait for
+:data:`~msgbusd.link.link_parts.PARTIAL_FRAMES` large frames are written at once; the next ones wait for
 one of them to end. To a peer that does not read parts every frame is small: written whole, in order.
 
 A small frame written while nothing else waits is written at once by its caller (no turn, no task): a quiet
@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from msgbusd.sending.link_parts import PART_BYTES, PARTIAL_FRAMES, part
-from msgbusd.sending.link_rate import LinkRate
-from msgbusd.sending.link_sockets import LinkClosed
+from msgbusd.link.link_parts import PART_BYTES, PARTIAL_FRAMES, part
+from msgbusd.link.link_rate import LinkRate
+from msgbusd.link.link_sockets import LinkClosed
 
 # While the kernel holds more than a part unsent, the writer looks again after the time its excess takes
 # on the cable, within this (and a fifth of it).

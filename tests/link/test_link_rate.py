@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from msgbusd.sending.link_parts import PART_BYTES
-from msgbusd.sending.link_rate import MEASURE_S, MIN_PART_BYTES, PART_S, LinkRate
-from msgbusd.sending.link_writer import FairWriter
+from msgbusd.link.link_parts import PART_BYTES
+from msgbusd.link.link_rate import MEASURE_S, MIN_PART_BYTES, PART_S, LinkRate
+from msgbusd.link.link_writer import FairWriter
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from msgbusd.sending.link_keepalive import PROBES, SITE_KEEPALIVE, Keepalive, opener_keepalive
+from msgbusd.link.link_keepalive import PROBES, SITE_KEEPALIVE, Keepalive, opener_keepalive
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,13 @@ import orjson
 import pytest
 
 from msgbusd.identity.signing import Signer
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.link_admission import LinkAdmission
-from msgbusd.sending.link_parts import PART_BYTES
-from msgbusd.sending.link_sockets import ClientSocket
-from msgbusd.sending.links import Link, Links, Result, handshake_digest
-from msgbusd.sending.site_socket import SiteSocket, SiteSocketSettings
-from tests.sending.link_pair import (
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.link_admission import LinkAdmission
+from msgbusd.link.link_parts import PART_BYTES
+from msgbusd.link.link_sockets import ClientSocket
+from msgbusd.link.links import Link, Links, Result, handshake_digest
+from msgbusd.link.site_socket import SiteSocket, SiteSocketSettings
+from tests.link.link_pair import (
     MAX_BYTES,
     OPENER,
     PING_S,

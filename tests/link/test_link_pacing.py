@@ -11,16 +11,16 @@ import struct
 
 import pytest
 
-from msgbusd.sending.link_pacing import (
+from msgbusd.link.link_pacing import (
     AIOHTTP_WAIT_AFTER_BYTES,
     NOTSENT_LOWAT_BYTES,
     TCP_NOTSENT_LOWAT,
     WRITE_BUFFER_HIGH_BYTES,
     Pacing,
 )
-from msgbusd.sending.link_parts import PART_BYTES
-from msgbusd.sending.links import Result
-from tests.sending.link_pair import LOOPS, TIMEOUT_S, link_pair, message, run_on
+from msgbusd.link.link_parts import PART_BYTES
+from msgbusd.link.links import Result
+from tests.link.link_pair import LOOPS, TIMEOUT_S, link_pair, message, run_on
 
 pytestmark = pytest.mark.timeout(60)
 

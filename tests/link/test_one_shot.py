@@ -16,9 +16,9 @@ import httptools
 import pytest
 import uvloop
 
-from msgbusd.sending.http_client import HttpClients
-from msgbusd.sending.http_reply import HttpFailed, HttpReply
-from msgbusd.sending.one_shot import OneShotRequests, _Exchange
+from msgbusd.link.http_client import HttpClients
+from msgbusd.link.http_reply import HttpFailed, HttpReply
+from msgbusd.link.one_shot import OneShotRequests, _Exchange
 from tests.support.servers import free_port
 from tests.support.tls import make_certificates
 

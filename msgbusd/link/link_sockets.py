@@ -1,6 +1,6 @@
-"""The two ends of a link (:mod:`msgbusd.sending.links`) behind one small interface: the opener's end is an
+"""The two ends of a link (:mod:`msgbusd.link.links`) behind one small interface: the opener's end is an
 aiohttp WebSocket (:class:`ClientSocket`), the site's the connection's own protocol
-(:class:`~msgbusd.sending.site_socket.SiteSocket`). Both are paced (:mod:`msgbusd.sending.link_pacing`): a
+(:class:`~msgbusd.link.site_socket.SiteSocket`). Both are paced (:mod:`msgbusd.link.link_pacing`): a
 ``send`` returns once the message is in the kernel's hands, which hold little of it unsent."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 
 import aiohttp
 
-from msgbusd.sending.link_pacing import pace_client
+from msgbusd.link.link_pacing import pace_client
 
 # The close code of a refused handshake (4000-4999 are the application's).
 REFUSED = 4403

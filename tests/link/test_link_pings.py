@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from msgbusd.sending.link_admission import LinkAdmission
-from msgbusd.sending.links import PING_EVERY_S, Link
-from tests.sending.link_pair import MAX_BYTES, SITE, TIMEOUT_S
-from tests.sending.test_link_negotiation import sites
-from tests.sending.test_uplink_breaks import as_uplink
+from msgbusd.link.link_admission import LinkAdmission
+from msgbusd.link.links import PING_EVERY_S, Link
+from tests.link.link_pair import MAX_BYTES, SITE, TIMEOUT_S
+from tests.link.test_link_negotiation import sites
+from tests.link.test_uplink_breaks import as_uplink
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)

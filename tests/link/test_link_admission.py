@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from msgbusd.sending.link_admission import LinkAdmission, Turn, come_back_in_s, retry_after_header
+from msgbusd.link.link_admission import LinkAdmission, Turn, come_back_in_s, retry_after_header
 
 RATE = 100.0
 
