@@ -94,7 +94,7 @@ from wire.error_texts import too_large_text
 log = logging.getLogger("msgbusd.links")
 
 # Frames received and not yet answered, per link: a sender waits for acks once it has a few frames on their
-# way (peers.WINDOW), so more means a flood.
+# way (batch_window.WINDOW), so more means a flood.
 INBOUND_FRAMES = 32
 # Room in a frame for what wraps its envelopes (the op, the id, each message's path), and in an ack.
 FRAME_OVERHEAD_BYTES = 4096

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from msgbusd.sending.peers import KEPT_WHILE_UNTRUSTED, Kept, Lane
+from msgbusd.sending.lanes import KEPT_WHILE_UNTRUSTED, Kept, Lane
 from msgbusd.sending.posts import REMOTE_PATH
 from msgbusd.sending.send_items import SendItem
 from wire.envelope import Envelope
