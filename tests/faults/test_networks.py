@@ -294,9 +294,13 @@ BIG = "net.big"
 # Small requests beside the big one, on its way there at 50 a second, and the other way at 5.
 SMALL_EVERY_S = 0.02
 SMALL_BACK_EVERY_S = 0.2
-# Far below the big one's crossing (about 25 s) and below what a writer that took one small frame between
-# two parts gave (p99 3.9 s), with room for a busy machine (1.4 s seen).
-SMALL_P99_LIMIT_S = 2.5
+# Far below the big one's crossing (about 25 s), with room for a busy machine (1.4 s seen, 3.0 s with both
+# cores busy with other work); a writer that took one small frame between two parts gave 3.9 s.
+SMALL_P99_LIMIT_S = 4.0
+# Most small requests wait for about a part and the shaper's queue each way, not for what is queued before
+# them: 0.25 s seen, 0.32 s with both cores busy; the writer that took one small frame between two parts
+# gave 0.51 s.
+SMALL_P50_LIMIT_S = 0.45
 BIG_WAIT_S = 90.0
 
 
@@ -345,6 +349,11 @@ def test_5_thin_cable_small_requests_do_not_wait_behind_a_big_one(world: World) 
         result.problems.append(
             f"small requests waited behind the big one: p99 {figures['p99_s']} s "
             f"(limit {SMALL_P99_LIMIT_S} s)"
+        )
+    if small and figures["p50_s"] > SMALL_P50_LIMIT_S:
+        result.problems.append(
+            f"small requests waited behind what was queued before them: p50 {figures['p50_s']} s "
+            f"(limit {SMALL_P50_LIMIT_S} s)"
         )
     result.check([a, b], since=began)
 
