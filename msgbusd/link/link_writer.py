@@ -1,4 +1,4 @@
-"""The one writer of a link (:mod:`msgbusd.link.links`): it decides what goes on the cable next, so that
+"""The one writer of a link (:mod:`msgbusd.link.open_link`): it decides what goes on the cable next, so that
 a large frame cannot hold up the small ones behind it.
 
 Small frames (acks, small sends) go first, first come first written: every small frame waiting is written

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
-from msgbusd.link.links import Link
+from msgbusd.link.open_link import Link
 from msgbusd.reports.logs import about
 from msgbusd.sending.lanes import Lane
 from msgbusd.sending.large_messages import LargeMessages

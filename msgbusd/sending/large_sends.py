@@ -16,7 +16,7 @@ from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from msgbusd.link.links import Link
+from msgbusd.link.open_link import Link
 from msgbusd.reports.logs import about
 from msgbusd.sending.lanes import Lane
 from msgbusd.sending.large_messages import LargeMessages

@@ -27,7 +27,8 @@ from typing import Protocol
 from redis.exceptions import RedisError
 
 from msgbusd.errors import DeliveryError
-from msgbusd.link.links import UPLINK_WAIT_S, Link
+from msgbusd.link.open_link import Link
+from msgbusd.link.uplinks import UPLINK_WAIT_S
 from msgbusd.reports.logs import about
 from msgbusd.sending import large_sends
 from msgbusd.sending.batch_window import BatchWindow

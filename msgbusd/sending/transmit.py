@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 from msgbusd.errors import DeliveryError
 from msgbusd.identity.sealing import SealError
-from msgbusd.link.links import Link, Links, send_envelopes
+from msgbusd.link.links import Links
+from msgbusd.link.open_link import Link, send_envelopes
 from msgbusd.link.way_back import no_way_back
 from msgbusd.sending.batch_window import BatchWindow
 from msgbusd.sending.send_items import SendItem

@@ -535,7 +535,7 @@ async def open_site(
         events=events,
     )
     if links is not None:
-        links.on_uplink = peers.uplink_opened
+        links.uplink_record.on_uplink = peers.uplink_opened
 
     _send_when_held(leases, peers)
     handlers = Handlers(store, items, twin, peers.kick_all, clock, metrics, events)
@@ -598,7 +598,7 @@ async def open_site(
     )
     site.warnings.add(events.drops.warnings)
     if links is not None:
-        links.on_uplink_change = site.instance.uplink_changed
+        links.uplink_record.on_uplink_change = site.instance.uplink_changed
     site.warnings.add(clocks.warnings)
     return site
 

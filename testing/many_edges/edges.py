@@ -18,7 +18,8 @@ from typing import Any
 from msgbusd.errors import DeliveryError
 from msgbusd.identity.signing import Signer
 from msgbusd.link.http_client import HttpClients
-from msgbusd.link.links import Link, Links, send_envelopes
+from msgbusd.link.links import Links
+from msgbusd.link.open_link import Link, send_envelopes
 from msgbusd.sending.posts import REMOTE_PATH, REPLY_PATH
 from twin_resolver.base import Resolver, Twin
 from wire.backoff import sleep_unless

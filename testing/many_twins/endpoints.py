@@ -23,9 +23,10 @@ from msgbusd.door.http_api import batch_item
 from msgbusd.door.validation import validate
 from msgbusd.errors import DeliveryError, InvalidMessage, RejectedRequest
 from msgbusd.identity.signing import SignatureError, Signer, verify, verify_digest
+from msgbusd.link.handshake import handshake_digest
 from msgbusd.link.http_client import HttpClients
 from msgbusd.link.link_sockets import REFUSED, LinkClosed
-from msgbusd.link.links import Link, handshake_digest, send_envelopes
+from msgbusd.link.open_link import Link, send_envelopes
 from msgbusd.sending.posts import REMOTE_PATH, REPLY_PATH, PostClient
 from testing.many_twins.counts import Counts
 from testing.many_twins.link import LinkSocket
@@ -259,8 +260,9 @@ class ManyTwins:
         return ws
 
     async def _greet(self, sock: LinkSocket, twin: int) -> tuple[int, int]:
-        """The site's half of a link's handshake, as ``twin`` (see :class:`msgbusd.link.links.Links`):
-        the opener's twin, once it proved it holds that twin's key, and the largest envelope it takes."""
+        """The site's half of a link's handshake, as ``twin`` (see
+        :class:`msgbusd.link.handshake.Handshakes`): the opener's twin, once it proved it holds that twin's
+        key, and the largest envelope it takes."""
         nonce = os.urandom(16).hex()
         challenge = {"op": "challenge", "twin": twin, "nonce": nonce, "max_bytes": MAX_FRAME_BYTES}
         await sock.send(json.dumps(challenge).encode())

@@ -1,6 +1,6 @@
 """This end of a link a site opened to a twin, on the wire: the aiohttp server WebSocket as
-:class:`~msgbusd.link.links.Link` drives it. The messages of its ``send`` frames are read as a site's door
-reads them (:func:`msgbusd.door.http_api.batch_item`); what a twin does with a link is
+:class:`~msgbusd.link.open_link.Link` drives it. The messages of its ``send`` frames are read as a site's
+door reads them (:func:`msgbusd.door.http_api.batch_item`); what a twin does with a link is
 :class:`~testing.many_twins.endpoints.TwinLink`."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from msgbusd.link.link_sockets import REFUSED, RETIRED, LinkClosed
 
 
 class LinkSocket:
-    """This end of a link (an aiohttp server WebSocket), as :class:`~msgbusd.link.links.Link` drives it."""
+    """This end of a link (an aiohttp server WebSocket), as :class:`~msgbusd.link.open_link.Link` drives
+    it."""
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self._ws = ws

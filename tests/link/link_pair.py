@@ -17,8 +17,8 @@ from starlette.applications import Starlette
 from msgbusd.link.http_client import HttpClients
 from msgbusd.link.link_parts import FIRST, LAST, is_part
 from msgbusd.link.link_sockets import ClientSocket, Socket
-from msgbusd.link.links import LINK_PATH, Answer, Link
-from msgbusd.link.site_socket import SiteSocket, SiteSocketSettings, site_sockets
+from msgbusd.link.open_link import Answer, Link
+from msgbusd.link.site_socket import LINK_PATH, SiteSocket, SiteSocketSettings, site_sockets
 from msgbusd.site.serving import bind_socket, server
 from wire.envelope import DEFAULT_MAX_MESSAGE_BYTES, envelope_size_limit
 

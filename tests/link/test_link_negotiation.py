@@ -15,11 +15,13 @@ import orjson
 import pytest
 
 from msgbusd.identity.signing import Signer
+from msgbusd.link.handshake import handshake_digest
 from msgbusd.link.http_client import HttpClients
 from msgbusd.link.link_admission import LinkAdmission
 from msgbusd.link.link_parts import PART_BYTES
 from msgbusd.link.link_sockets import ClientSocket
-from msgbusd.link.links import Link, Links, Result, handshake_digest
+from msgbusd.link.links import Links
+from msgbusd.link.open_link import Link, Result
 from msgbusd.link.site_socket import SiteSocket, SiteSocketSettings
 from tests.link.link_pair import (
     MAX_BYTES,

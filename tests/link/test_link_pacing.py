@@ -19,7 +19,7 @@ from msgbusd.link.link_pacing import (
     Pacing,
 )
 from msgbusd.link.link_parts import PART_BYTES
-from msgbusd.link.links import Result
+from msgbusd.link.open_link import Result
 from tests.link.link_pair import LOOPS, TIMEOUT_S, link_pair, message, run_on
 
 pytestmark = pytest.mark.timeout(60)

@@ -22,7 +22,7 @@ from msgbusd.link.link_parts import (
 )
 from msgbusd.link.link_sockets import LinkClosed
 from msgbusd.link.link_writer import FairWriter
-from msgbusd.link.links import Result, send_envelopes
+from msgbusd.link.open_link import Result, send_envelopes
 from tests.link.link_pair import (
     LONG_REFUSAL,
     LOOPS,

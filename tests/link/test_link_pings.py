@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from msgbusd.link.link_admission import LinkAdmission
-from msgbusd.link.links import PING_EVERY_S, Link
+from msgbusd.link.links import PING_EVERY_S
+from msgbusd.link.open_link import Link
 from tests.link.link_pair import MAX_BYTES, SITE, TIMEOUT_S
 from tests.link.test_link_negotiation import sites
 from tests.link.test_uplink_breaks import as_uplink

@@ -9,7 +9,10 @@ import random
 
 import pytest
 
-from msgbusd.link.links import FLAPPING_BREAKS, UPLINK_REDIAL, Link, Links
+from msgbusd.link.links import Links
+from msgbusd.link.open_link import Link
+from msgbusd.link.posts_instead import FLAPPING_BREAKS
+from msgbusd.link.uplinks import UPLINK_REDIAL
 from tests.link.link_pair import TIMEOUT_S
 from tests.link.test_link_negotiation import KEYS, OPENER, SITE, Sites, sites
 from wire.backoff import Backoff

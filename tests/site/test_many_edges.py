@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 import redis
 
-from msgbusd.link.links import UPLINK_WAIT_S
+from msgbusd.link.uplinks import UPLINK_WAIT_S
 from testing.local_sites import LocalCluster, SiteProcess, wait_until
 from testing.many_edges import ManyEdgesProcess
 from tests.support.services import RawService, pop_replies, push_request

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from client.sync import Client
 from msgbusd.identity.signing import Signer, verify, verify_digest
+from msgbusd.link.handshake import handshake_digest
 from msgbusd.link.link_sockets import REFUSED
-from msgbusd.link.links import handshake_digest
 from testing.local_sites import LocalCluster, free_port, wait_until
 from testing.many_twins import STATS_LINE, ManyTwinsProcess, TwinRange, add_to_twin_file, twin_signer
 from twin_resolver.base import Twin
