@@ -17,9 +17,9 @@ Every frame is one JSON object in a binary WebSocket message::
 or, when it is larger than 16 KiB and the other end said ``"parts": true`` in its handshake frame, in parts
 (:mod:`msgbusd.link.link_parts`): binary messages that start with a 0x00 byte (a JSON frame never does),
 then flags (first, last) and a part id of the writer's own, then the frame's next slice. The reader puts the
-frame together and takes it as if it came whole. Each end has one writer that takes turns
-(:mod:`msgbusd.link.link_writer`): the small frames, acks among them, go between the parts of large
-ones instead of waiting seconds behind them on a thin cable, and little waits in the buffers below it
+frame together and takes it as if it came whole. Each end has one writer (:mod:`msgbusd.link.link_writer`):
+the small frames, acks among them, go before the next part of a large one instead of waiting seconds behind
+it on a thin cable, parts are about 50 ms of the cable's rate, and little waits in the buffers below it
 (:mod:`msgbusd.link.link_pacing`). A site that does not say ``"parts"`` (an older one: it ignores the key
 in the other's frame) is written whole frames, as before.
 

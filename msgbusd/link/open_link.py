@@ -52,10 +52,10 @@ class Link:
     """An open link to twin ``peer``: sends frames and waits for their acks, answers the peer's frames in
     the order they came.
 
-    One writer takes turns between this end's frames (:class:`~msgbusd.link.link_writer.FairWriter`):
-    to a peer that reads parts (``peer_reads_parts``: it said so in the handshake) a large frame goes in
-    parts, and the small frames behind it go between them. The peer's frames in parts are put together
-    again, up to ``max_bytes`` (the largest envelope this end takes) and its wrapping each."""
+    One writer decides what this end writes next (:class:`~msgbusd.link.link_writer.FairWriter`): to a
+    peer that reads parts (``peer_reads_parts``: it said so in the handshake) a large frame goes in parts,
+    and the small frames written meanwhile go before its next part. The peer's frames in parts are put
+    together again, up to ``max_bytes`` (the largest envelope this end takes) and its wrapping each."""
 
     def __init__(
         self,
