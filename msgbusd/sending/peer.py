@@ -59,6 +59,8 @@ class SenderPlaces(Senders, Protocol):
 
     def idling(self, lane: Lane) -> AbstractContextManager[None]: ...
 
+    def make_room(self) -> None: ...
+
     def leave_place(self, peer: Peer) -> None: ...
 
     def stopped(self, peer: Peer, lane: Lane) -> None: ...
@@ -184,6 +186,9 @@ class Peer:
             if peers.stopping.is_set():
                 return False
             has_work = bool(lane.fresh) or not lane.trusted or lane.recheck or self.large.busy
+            if has_work and lane.give_way:
+                # Asked to make room, but work came meanwhile: the next idle sender is asked instead.
+                peers.make_room()
             return has_work or (lane.wake.is_set() and not lane.give_way)
         finally:
             lane.give_way = False

@@ -128,7 +128,8 @@ class Peers:
         self._waiting: dict[int, Kept] = {}
         # Items kept for the twins waiting, all together (beyond KEPT_WAITING, a twin's are read from Redis).
         self._kept_waiting = 0
-        self._idle_lanes: set[Lane] = set()
+        # The idle senders' lanes, the longest idle first.
+        self._idle_lanes: dict[Lane, None] = {}
         self._stop_watched = False
         self.clock = clock
         self.metrics = metrics or Metrics()
@@ -294,7 +295,7 @@ class Peers:
 
     def _take_place(self, dst: int, items: Sequence[SendItem] | None, alone: bool) -> bool:
         """A sender place for ``dst``, or False: it waits in line with ``items`` (just queued for it; kept
-        within bounds), and idle senders are asked to stop."""
+        within bounds), and an idle sender is asked to stop (:meth:`make_room`)."""
         if self._free_places > 0 and not self._waiting:
             self._free_places -= 1
             return True
@@ -303,10 +304,18 @@ class Peers:
         else:
             kept = self._waiting[dst] = Kept.of(items if self._kept_waiting < KEPT_WAITING else None, alone)
             self._kept_waiting += len(kept)
-        for lane in self._idle_lanes:
-            lane.give_way = True
-            lane.wake.set()
+            self.make_room()
         return False
+
+    def make_room(self) -> None:
+        """Ask the sender idle the longest (and not asked yet) to stop, for the next twin in line: one sender
+        a twin, so that a line forming does not stop every idle sender at once (a thousand of them stopping
+        in one turn of the loop held up everything else for tens of milliseconds)."""
+        for lane in self._idle_lanes:
+            if not lane.give_way:
+                lane.give_way = True
+                lane.wake.set()
+                return
 
     def sender_places(self) -> tuple[int, int]:
         """How many senders hold a place, and how many twins wait for one."""
@@ -323,11 +332,11 @@ class Peers:
         if not self._stop_watched:
             self._stop_watched = True
             self._spawn(self._wake_idle_at_stop(), "idle senders' wake at stop")
-        self._idle_lanes.add(lane)
+        self._idle_lanes[lane] = None
         try:
             yield
         finally:
-            self._idle_lanes.discard(lane)
+            self._idle_lanes.pop(lane, None)
 
     async def _wake_idle_at_stop(self) -> None:
         await self.stopping.wait()

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from client.sync import Client
-from testing.local_sites import LocalCluster
+from testing.local_sites import LocalCluster, wait_until
 from testing.many_twins import ManyTwinsProcess
 from testing.site_metrics import metric
 
@@ -53,6 +53,28 @@ def test_twins_beyond_the_senders_places_wait_in_line_and_are_all_served() -> No
         assert max(waiting) > 0
         per_twin = harness.stats(per_twin=True)["per_twin"]
         assert per_twin == {str(twin): {"received": 2, "answered": 2} for twin in up}
+    finally:
+        harness.stop()
+        cluster.cleanup()
+
+
+def test_a_twin_waiting_for_a_place_stops_one_idle_sender_not_all() -> None:
+    harness = ManyTwinsProcess(count=30)
+    cluster = LocalCluster(size=1, extra_args=["--workers", "20"], extra_twins=harness.twins()).start()
+    try:
+        harness.start(cluster.twins_file)
+        site = cluster.sites[0]
+        first, later = harness.up_ids[:20], harness.up_ids[20:]
+        with Client(cluster.redis[0].url) as client:
+            rets = [client.send(twin, CMD, b"first", exp=60) for twin in first]
+            assert all(client.wait(ret, timeout=30)[0].error == "" for ret in rets)
+            # Twenty senders idle, holding every place: each new twin takes the place of one of them.
+            wait_until(lambda: metric(site, "msgbus_senders") == 20, 10, "twenty senders")
+            for number, twin in enumerate(later, start=1):
+                reply = client.wait(client.send(twin, CMD, b"later", exp=60), timeout=30)[0]
+                assert (reply.error, reply.data) == ("", b"later")
+                assert metric(site, "msgbus_senders") == 20, f"after {number} new twins"
+        assert metric(site, "msgbus_senders_waiting") == 0
     finally:
         harness.stop()
         cluster.cleanup()
