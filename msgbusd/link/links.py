@@ -189,11 +189,12 @@ class Links:
         """Close the links that carried nothing for ``idle_s`` (either end's: the peer opens one again
         when it has work); returns how many."""
         now = self._clock()
+        # The uplinks (all of a cloud's ten thousand links) are never closed for being idle: not looked at.
         idle = [
             link
-            for link in self._all_open()
-            if not link.busy
-            and not link.uplink
+            for link in self._closable
+            if link.is_open
+            and not link.busy
             and now - link.used_at >= self.idle_s
             and self._answers_until.get(link.peer, 0.0) <= now
         ]
