@@ -38,9 +38,11 @@ KEPT_ROUND_TRIPS = 100_000
 # Random draws for an edge whose uplink is open before a request waits a little for one to open.
 PICK_TRIES = 20
 # Every edge's uplink is looked at for its ping this often, by one task for all (an edge's msgbusd looks
-# every second; the pings themselves go every 25 s).
+# every second; the pings themselves go every 25 s), a slice of edges at a time spread over the sweep: real
+# edges' pings come one by one as their links' silences end, not a fifth of them at once every sweep (which
+# had the cloud answer a thousand pings in one burst and held up its requests behind them).
 PING_SWEEP_S = 5.0
-PING_SLICE = 200
+PING_SLICE = 50
 
 
 def edge_entries(first: int, count: int, signer_of: Callable[[int], Signer]) -> list[Twin]:
@@ -145,19 +147,24 @@ class ManyEdges:
 
     async def _ping(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
-            await sleep_unless(stopping, PING_SWEEP_S)
             # Ten thousand edges' objects take a walk of Python's cyclic collector a second and a half,
             # during which no edge answers the cloud (its round trips would show the edges' pause, not the
             # cloud's): what lives now is set aside for good. Cycles among it are never collected, which a
             # benchmark's minutes do not feel.
             gc.collect(1)
             gc.freeze()
-            now = time.monotonic()
-            for n, edge in enumerate(list(self.edges.values())):
-                await edge.links.ping_due(now)
-                if n % PING_SLICE == PING_SLICE - 1:
-                    # A few hundred at a time: the edges' other work (answering the cloud) goes on between.
-                    await asyncio.sleep(0)
+            edges = list(self.edges.values())
+            started = time.monotonic()
+            for first in range(0, len(edges), PING_SLICE):
+                now = time.monotonic()
+                for edge in edges[first : first + PING_SLICE]:
+                    await edge.links.ping_due(now)
+                done_at = started + PING_SWEEP_S * (first + PING_SLICE) / len(edges)
+                await sleep_unless(stopping, max(0.0, done_at - time.monotonic()))
+                if stopping.is_set():
+                    return
+            if not edges:
+                await sleep_unless(stopping, PING_SWEEP_S)
 
     def open_count(self) -> int:
         return sum(1 for edge in self.edges.values() if edge.links.open_count())
