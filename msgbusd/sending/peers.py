@@ -311,6 +311,8 @@ class Peers:
         """Ask the sender idle the longest (and not asked yet) to stop, for the next twin in line: one sender
         a twin, so that a line forming does not stop every idle sender at once (a thousand of them stopping
         in one turn of the loop held up everything else for tens of milliseconds)."""
+        if not self._waiting:
+            return
         for lane in self._idle_lanes:
             if not lane.give_way:
                 lane.give_way = True
