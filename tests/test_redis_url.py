@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
+import redis
+import redis.utils
 from redis.asyncio.connection import AbstractConnection
 
-from wire.redis_url import RedisUrlError, SentinelUrl, async_client, parse_sentinel_url, redacted
+from wire.redis_url import (
+    RedisUrlError,
+    SentinelUrl,
+    async_client,
+    parse_sentinel_url,
+    redacted,
+    sync_client,
+)
 
 # Every kind of argument a command is given: text (also beyond ASCII), bytes of every value, numbers.
 ARGUMENTS = (
@@ -84,3 +93,24 @@ async def test_every_kind_of_async_client_packs_in_c(url: str) -> None:
         assert connection_class.pack_command is not AbstractConnection.pack_command
     finally:
         await client.aclose()
+
+
+async def test_a_new_connection_tells_redis_the_client_without_looking_its_version_up(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py 8 would read its version from the installed packages' metadata for every new connection.
+    def looked_up() -> str:
+        raise AssertionError("the version was looked up for a new connection")
+
+    monkeypatch.setattr(redis.utils, "get_lib_version", looked_up)
+    client = async_client(redis_url, max_connections=4)
+    sync = sync_client(redis_url)
+    try:
+        assert await client.ping() and sync.ping()
+        # What CLIENT SETINFO says (on Redis 7.2 and later) is what redis-py would have looked up.
+        for pool in (client.connection_pool, sync.connection_pool):
+            driver = pool.connection_kwargs["driver_info"]
+            assert (driver.formatted_name, driver.lib_version) == ("redis-py", redis.__version__)
+    finally:
+        await client.aclose()
+        sync.close()
