@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,6 +16,15 @@ from testing.local_sites import RedisProcess
 from tests.scheduling import LongestFirst, longest_first
 
 TESTS = Path(__file__).parent
+
+# The JVMs the tests start (Spark's, in this process or in a job of their own) keep their scratch files (the
+# block manager's, the artifacts') in a directory of this run's, removed when it ends: Spark removes its own
+# only from a JVM that ends by itself; a job killed, or a session's JVM ended with its Python, leaves them.
+JVM_TMP = tempfile.mkdtemp(prefix="msgbus-tests-jvm-")
+JVM_OPTIONS = os.environ.get("JAVA_TOOL_OPTIONS", "")
+os.environ["JAVA_TOOL_OPTIONS"] = f"{JVM_OPTIONS} -Djava.io.tmpdir={JVM_TMP}".strip()
+atexit.register(shutil.rmtree, JVM_TMP, ignore_errors=True)
+
 # Tests that start msgbusd, mosquitto, a JVM or a redis-server of their own; the rest (the unit tier of
 # `make test-fast`) share one redis-server and start nothing else that lives on.
 PROCESS_DIRS = {"spark", "faults"}
