@@ -35,7 +35,13 @@ def build(archive: Path) -> None:
             SparkSession.builder.master("local[2]")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
-            .config(DRIVER_OPTIONS, f"{C1_ONLY} -XX:ArchiveClassesAtExit={archive} -Xlog:cds=off")
+            # Spark's scratch files (its temporary directories, the native libraries it unpacks) in the work
+            # directory, removed with it: this JVM is ended without the hooks that remove them from /tmp.
+            .config("spark.local.dir", work)
+            .config(
+                DRIVER_OPTIONS,
+                f"{C1_ONLY} -XX:ArchiveClassesAtExit={archive} -Xlog:cds=off -Djava.io.tmpdir={work}",
+            )
             .getOrCreate()
         )
         try:

@@ -179,8 +179,10 @@ def test_router_flags_are_checked(twins_file: Path, args: list[str], message: st
     assert "Traceback" not in result.stderr
 
 
-def test_own_twin_is_found_from_the_key(twins_file: Path, redis_url: str) -> None:
-    site = SiteProcess(twin=5, redis_url=redis_url, twins_file=twins_file, mnemonic=SEED)
+def test_own_twin_is_found_from_the_key(twins_file: Path, redis_url: str, tmp_path: Path) -> None:
+    site = SiteProcess(
+        twin=5, redis_url=redis_url, twins_file=twins_file, mnemonic=SEED, log_path=tmp_path / "msgbusd.log"
+    )
     site.command = lambda: [  # type: ignore[method-assign]
         sys.executable,
         "-m",
@@ -199,8 +201,15 @@ def test_own_twin_is_found_from_the_key(twins_file: Path, redis_url: str) -> Non
         site.stop()
 
 
-def test_default_listen_address_is_dual_stack(twins_file: Path, redis_url: str) -> None:
-    site = SiteProcess(twin=5, redis_url=redis_url, twins_file=twins_file, mnemonic=SEED, listen_host="::")
+def test_default_listen_address_is_dual_stack(twins_file: Path, redis_url: str, tmp_path: Path) -> None:
+    site = SiteProcess(
+        twin=5,
+        redis_url=redis_url,
+        twins_file=twins_file,
+        mnemonic=SEED,
+        listen_host="::",
+        log_path=tmp_path / "msgbusd.log",
+    )
     site.start()
     try:
         for url in (f"http://127.0.0.1:{site.port}/zbus-remote", f"http://[::1]:{site.port}/zbus-remote"):

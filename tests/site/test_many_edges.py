@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import redis
@@ -26,8 +27,8 @@ CLOUD = 1
 
 
 @pytest.fixture
-def cloud_and_edges() -> Iterator[tuple[LocalCluster, ManyEdgesProcess]]:
-    edges = ManyEdgesProcess(cloud=CLOUD, count=EDGES)
+def cloud_and_edges(tmp_path: Path) -> Iterator[tuple[LocalCluster, ManyEdgesProcess]]:
+    edges = ManyEdgesProcess(cloud=CLOUD, count=EDGES, log_path=tmp_path / "edges.log")
     cluster = LocalCluster(size=1, extra_twins=edges.twins()).start()
     try:
         edges.start(cluster.twins_file)
@@ -113,8 +114,10 @@ def uplinks_in_log(site: SiteProcess) -> dict[int, float]:
     return opened
 
 
-def test_on_a_site_of_two_processes_the_edges_of_one_killed_land_on_the_other_and_what_waited_flows() -> None:
-    edges = ManyEdgesProcess(cloud=CLOUD, count=EDGES)
+def test_on_a_site_of_two_processes_the_edges_of_one_killed_land_on_the_other_and_what_waited_flows(
+    tmp_path: Path,
+) -> None:
+    edges = ManyEdgesProcess(cloud=CLOUD, count=EDGES, log_path=tmp_path / "edges.log")
     cluster = LocalCluster(size=1, processes=2, extra_twins=edges.twins()).start()
     conn = redis.Redis.from_url(cluster.redis[0].url)
     try:
