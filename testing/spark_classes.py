@@ -35,9 +35,8 @@ def build(archive: Path) -> None:
             SparkSession.builder.master("local[2]")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
-            # Spark's scratch files (its temporary directories, the native libraries it unpacks) in the work
-            # directory, removed with it: this JVM is ended without the hooks that remove them from /tmp.
-            .config("spark.local.dir", work)
+            # Spark's scratch files (its temporary and local directories, the native libraries it unpacks) in
+            # the work directory, removed with it: this JVM is ended without the hooks that remove them.
             .config(
                 DRIVER_OPTIONS,
                 f"{C1_ONLY} -XX:ArchiveClassesAtExit={archive} -Xlog:cds=off -Djava.io.tmpdir={work}",
